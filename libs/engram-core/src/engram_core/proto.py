@@ -1,0 +1,55 @@
+"""The gRPC contract, re-exported under short names, plus conversions used on both sides."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from engram_core.grpc_gen.engram.memory.v1 import memory_pb2 as pb
+from engram_core.grpc_gen.engram.memory.v1 import memory_pb2_grpc as pb_grpc
+
+__all__ = [
+    "KIND_BY_NAME",
+    "KIND_NAMES",
+    "SCOPE_NAMES",
+    "from_timestamp",
+    "kind_name",
+    "pb",
+    "pb_grpc",
+    "to_timestamp",
+]
+
+KIND_NAMES: dict[int, str] = {
+    pb.MEMORY_KIND_TURN: "turn",
+    pb.MEMORY_KIND_FACT: "fact",
+    pb.MEMORY_KIND_PROFILE: "profile",
+    pb.MEMORY_KIND_SUMMARY: "summary",
+    pb.MEMORY_KIND_EPISODE: "episode",
+}
+KIND_BY_NAME: dict[str, int] = {name: kind for kind, name in KIND_NAMES.items()}
+
+SCOPE_NAMES: dict[int, str] = {
+    pb.SCOPE_CONVERSATION: "conversation",
+    pb.SCOPE_USER: "user",
+    pb.SCOPE_GLOBAL: "global",
+}
+
+
+def kind_name(kind: int) -> str:
+    return KIND_NAMES.get(kind, "unspecified")
+
+
+def to_timestamp(value: datetime) -> Timestamp:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    ts = Timestamp()
+    ts.FromDatetime(value.astimezone(UTC))
+    return ts
+
+
+def from_timestamp(ts: Timestamp) -> datetime | None:
+    """None for an unset timestamp (seconds and nanos both zero)."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.ToDatetime(tzinfo=UTC)

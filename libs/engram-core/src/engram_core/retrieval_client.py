@@ -1,0 +1,60 @@
+"""Async client of the retrieval service's MemoryService, used by gateway, workers and CLI.
+
+Create it inside a lifespan/startup hook (never at import) after
+:func:`engram_core.telemetry.instrument_grpc_client`, so calls carry trace context.
+"""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engram_core.proto import pb, pb_grpc
+
+SERVICE_NAME = "engram.memory.v1.MemoryService"
+
+
+class RetrievalClient:
+    def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(
+            address,
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        self.stub = pb_grpc.MemoryServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def search(self, request: pb.SearchRequest) -> pb.SearchResponse:
+        return await self.stub.Search(request, timeout=self.timeout_s)
+
+    async def upsert(self, request: pb.UpsertRequest) -> pb.UpsertResponse:
+        return await self.stub.Upsert(request, timeout=self.timeout_s * 6)
+
+    async def delete(self, request: pb.DeleteRequest) -> pb.DeleteResponse:
+        return await self.stub.Delete(request, timeout=self.timeout_s)
+
+    async def get(self, request: pb.GetRequest) -> pb.GetResponse:
+        return await self.stub.Get(request, timeout=self.timeout_s)
+
+    async def list(self, request: pb.ListRequest) -> pb.ListResponse:
+        return await self.stub.List(request, timeout=self.timeout_s)
+
+    async def count(self, request: pb.CountRequest) -> pb.CountResponse:
+        return await self.stub.Count(request, timeout=self.timeout_s)
+
+    async def is_serving(self, timeout_s: float = 2.0) -> bool:
+        """Standard gRPC health check of the MemoryService."""
+        try:
+            reply = await self._health.Check(
+                health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def close(self) -> None:
+        await self._channel.close()

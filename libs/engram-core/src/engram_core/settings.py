@@ -1,0 +1,88 @@
+"""Settings shared by every Engram process.
+
+Each service defines exactly one settings class that subclasses
+:class:`EngramSettings`; all variables use the ``ENGRAM_`` prefix (standard
+``OTEL_*`` variables are read by the OpenTelemetry SDK as they are). Settings are
+validated when the service starts, so bad configuration fails fast with a message
+naming the variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path(".engram")
+
+
+class EngramSettings(BaseSettings):
+    """Variables every Engram process understands."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_",
+        env_file=None,
+        extra="ignore",
+        frozen=True,
+    )
+
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR, description="Where local state (NATS, Qdrant, mirror) lives."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="auto: console renderer on a TTY, JSON otherwise."
+    )
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL(s).")
+    retrieval_address: str = Field(
+        default="127.0.0.1:50051", description="host:port of the retrieval gRPC service."
+    )
+    stream_replicas: int = Field(default=1, ge=1, le=5, description="JetStream stream replicas.")
+    traces_file: Path | None = Field(
+        default=None,
+        description="Also write finished spans as JSON lines to this file (local debugging, tests).",
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_scheme(cls, value: str) -> str:
+        for url in value.split(","):
+            if not url.strip().startswith(("nats://", "tls://", "ws://", "wss://")):
+                raise ValueError(f"must be nats://host:port (got {url!r})")
+        return value
+
+    @field_validator("retrieval_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"must be host:port (got {value!r})")
+        return value
+
+
+S = TypeVar("S", bound=EngramSettings)
+
+
+class ConfigError(SystemExit):
+    """Raised (and exits non-zero) when a service's configuration is invalid."""
+
+
+def load_settings(cls: type[S], **overrides: object) -> S:
+    """Build settings from the environment, turning validation errors into a clear exit."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            name = "ENGRAM_" + "_".join(str(p) for p in error["loc"]).upper()
+            lines.append(f"  {name}: {error['msg']}")
+        raise ConfigError(
+            f"invalid configuration for {cls.__name__}:\n" + "\n".join(lines)
+        ) from None

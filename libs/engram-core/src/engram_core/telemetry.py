@@ -1,0 +1,107 @@
+"""OpenTelemetry set-up shared by every service.
+
+The tracer provider is configured from the standard ``OTEL_*`` variables
+(``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_*``): an
+OTLP exporter is added when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces-specific
+variable) is set, and a JSON-lines file exporter when ``ENGRAM_TRACES_FILE`` is.
+Set-up errors are not swallowed: a broken exporter configuration stops the service.
+
+gRPC instrumentation patches channel/server construction, so call
+:func:`instrument_grpc_client` / :func:`instrument_grpc_server` before creating any.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+_OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span; several processes may share the file."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = []
+        for span in spans:
+            ctx = span.get_span_context()
+            lines.append(json.dumps({
+                "name": span.name,
+                "service": span.resource.attributes.get(SERVICE_NAME),
+                "trace_id": format(ctx.trace_id, "032x"),
+                "span_id": format(ctx.span_id, "016x"),
+                "parent_span_id": format(span.parent.span_id, "016x") if span.parent else None,
+                "kind": span.kind.name,
+                "start_ns": span.start_time,
+                "end_ns": span.end_time,
+                "status": span.status.status_code.name,
+                "attributes": {k: _jsonable(v) for k, v in (span.attributes or {}).items()},
+            }))
+        with self._lock, self._path.open("a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _jsonable(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
+
+
+@dataclass
+class Telemetry:
+    provider: TracerProvider
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def setup_telemetry(service_name: str, traces_file: Path | None = None) -> Telemetry:
+    """Install the global tracer provider for this process."""
+    attributes = {SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name}
+    resource = Resource.create(attributes)
+    provider = TracerProvider(resource=resource)
+    if any(os.environ.get(var) for var in _OTLP_ENDPOINT_VARS):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if traces_file is not None:
+        provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(traces_file)))
+    trace.set_tracer_provider(provider)
+    return Telemetry(provider=provider)
+
+
+def instrument_grpc_client() -> None:
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
+
+    instrumentor = GrpcAioInstrumentorClient()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
+
+
+def instrument_grpc_server() -> None:
+    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer
+
+    instrumentor = GrpcAioInstrumentorServer()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
