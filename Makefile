@@ -1,0 +1,56 @@
+# Engram — `make` alone lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# uv comes from PyPI: use the one on PATH, or bootstrap a private copy into .tools/.
+UV ?= $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
+PY := .venv/bin/python
+export UV_PYTHON_DOWNLOADS := never
+PYTEST_ARGS ?=
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
+
+.tools/bin/uv:
+	python3 -m venv .tools
+	.tools/bin/pip install --quiet 'uv>=0.13,<0.14'
+
+.PHONY: install
+install: $(if $(findstring .tools/,$(UV)),.tools/bin/uv) ## create .venv from uv.lock (all services, dev tools)
+	$(UV) sync --frozen --all-packages
+
+.PHONY: fmt
+fmt: install ## format and auto-fix the code
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+.PHONY: lint
+lint: install ## ruff (lint + format check) and the generated-code check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(MAKE) --no-print-directory proto-check
+
+.PHONY: proto
+proto: install ## regenerate the gRPC/protobuf code from proto/
+	$(PY) scripts/gen_proto.py
+
+.PHONY: proto-check
+proto-check: install ## fail if the committed generated code differs from a fresh regeneration
+	$(PY) scripts/check_proto.py
+
+.PHONY: test
+test: install lint ## install from the lock, lint, and run every test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: run
+run: install ## start the whole local stack (nats-server, retrieval, gateway, workers)
+	.venv/bin/engram up
+
+.PHONY: bench
+bench: install ## Search latency at 1k and 10k memories (tables, JSON, plot under bench-results/)
+	.venv/bin/engram bench latency --sizes 1000,10000
+
+.PHONY: clean
+clean: ## remove the environment and caches (keeps .engram data)
+	rm -rf .venv .tools .pytest_cache .ruff_cache

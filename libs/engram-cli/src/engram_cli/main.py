@@ -1,0 +1,48 @@
+"""The ``engram`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engram_core.settings import load_settings
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from engram_cli.stack import StackSettings, run_stack
+
+    overrides: dict[str, object] = {}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    return run_stack(load_settings(StackSettings, **overrides))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from engram_cli.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="engram", description="Engram: persistent memory for OpenAI-compatible LLMs."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="start the local stack (nats, retrieval, gateway, workers)")
+    up.add_argument("--data-dir", help="state directory (default: $ENGRAM_DATA_DIR or .engram)")
+    up.set_defaults(func=_cmd_up)
+
+    from engram_cli.bench import add_bench_parser
+
+    add_bench_parser(commands, _cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

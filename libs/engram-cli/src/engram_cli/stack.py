@@ -1,0 +1,253 @@
+"""``engram up``: the whole local stack as separate processes under one supervisor.
+
+Starts a real nats-server with JetStream under the data dir, then the retrieval
+service, the gateway and every worker as child processes; prefixes and tees their
+logs; waits until each is ready; prints where each listens; and on Ctrl-C (or when
+any child dies) stops everything in reverse order. State lives under the data dir,
+so a second ``engram up`` reuses it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlparse
+
+import httpx
+from pydantic import Field
+
+from engram_cli.nats_server import NatsServerProcess, port_is_open
+from engram_core.settings import EngramSettings
+
+READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 15.0
+
+
+class StackSettings(EngramSettings):
+    """What ``engram up`` needs to know; each service reads its own variables too."""
+
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8100, ge=1, le=65535)
+    retrieval_listen: str = "127.0.0.1:50051"
+    ingest_health_port: int = Field(default=8201, ge=1, le=65535)
+
+
+@dataclass
+class Component:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    endpoint: str
+    is_ready: Callable[[], bool]
+    process: subprocess.Popen[bytes] | None = None
+    pump: threading.Thread | None = None
+    log: IO[bytes] | None = field(default=None, repr=False)
+
+
+def _http_ok(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+def _grpc_serving(address: str) -> Callable[[], bool]:
+    def check() -> bool:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(address) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0
+                )
+            except grpc.RpcError:
+                return False
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    return check
+
+
+def _script(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+class Stack:
+    def __init__(self, settings: StackSettings, *, echo: Callable[[str], None] = print) -> None:
+        self.settings = settings
+        self.echo = echo
+        self.data_dir = settings.data_dir.resolve()
+        self.log_dir = self.data_dir / "logs"
+        nats = urlparse(settings.nats_url.split(",")[0])
+        self.nats = NatsServerProcess(
+            self.data_dir / "nats",
+            port=nats.port or 4222,
+            host=nats.hostname or "127.0.0.1",
+            log_file=self.log_dir / "nats.log",
+        )
+        self.components = self._components()
+        self._stopping = False
+
+    def _components(self) -> list[Component]:
+        s = self.settings
+        base = {
+            **os.environ,
+            "ENGRAM_DATA_DIR": str(self.data_dir),
+            "ENGRAM_NATS_URL": s.nats_url,
+            "ENGRAM_RETRIEVAL_ADDRESS": s.retrieval_listen,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if not sys.stderr.isatty():
+            base.setdefault("ENGRAM_LOG_FORMAT", "json")
+        gateway_url = f"http://{s.gateway_host}:{s.gateway_port}"
+        return [
+            Component(
+                name="retrieval",
+                command=[_script("engram-retrieval")],
+                env={**base, "OTEL_SERVICE_NAME": "engram-retrieval",
+                     "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen},
+                endpoint=f"grpc://{s.retrieval_listen}",
+                is_ready=_grpc_serving(s.retrieval_listen),
+            ),
+            Component(
+                name="gateway",
+                command=[_script("engram-gateway")],
+                env={**base, "OTEL_SERVICE_NAME": "engram-gateway",
+                     "ENGRAM_GATEWAY_HOST": s.gateway_host,
+                     "ENGRAM_GATEWAY_PORT": str(s.gateway_port)},
+                endpoint=f"{gateway_url}/v1",
+                is_ready=_http_ok(f"{gateway_url}/readyz"),
+            ),
+            Component(
+                name="ingest",
+                command=[_script("engram-ingest")],
+                env={**base, "OTEL_SERVICE_NAME": "engram-ingest",
+                     "ENGRAM_HEALTH_PORT": str(s.ingest_health_port)},
+                endpoint=f"health http://127.0.0.1:{s.ingest_health_port}/readyz",
+                is_ready=_http_ok(f"http://127.0.0.1:{s.ingest_health_port}/readyz"),
+            ),
+        ]
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.echo(f"engram: data dir {self.data_dir}")
+        self.nats.start()
+        self.echo(f"engram: nats       ready  {self.nats.url} (JetStream, {self.nats.store_dir})")
+        for component in self.components:
+            self._spawn(component)
+        self._wait_ready()
+
+    def _spawn(self, component: Component) -> None:
+        component.log = (self.log_dir / f"{component.name}.log").open("ab")
+        component.process = subprocess.Popen(
+            component.command,
+            env=component.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops children
+        )
+        component.pump = threading.Thread(target=self._pump, args=(component,), daemon=True)
+        component.pump.start()
+
+    def _pump(self, component: Component) -> None:
+        assert component.process is not None and component.process.stdout is not None
+        prefix = f"[{component.name}] ".encode()
+        for line in component.process.stdout:
+            if component.log is not None:
+                component.log.write(line)
+                component.log.flush()
+            sys.stdout.buffer.write(prefix + line)
+            sys.stdout.buffer.flush()
+
+    def _wait_ready(self) -> None:
+        pending = list(self.components)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while pending:
+            self.check_alive()
+            for component in list(pending):
+                if component.is_ready():
+                    pending.remove(component)
+                    self.echo(f"engram: {component.name:<10} ready  {component.endpoint}")
+            if time.monotonic() > deadline:
+                names = ", ".join(c.name for c in pending)
+                raise RuntimeError(f"not ready after {READY_TIMEOUT_S:.0f}s: {names}")
+            time.sleep(0.25)
+        gateway = next(c for c in self.components if c.name == "gateway")
+        self.echo(f"engram: up. Point your OpenAI client at {gateway.endpoint} (Ctrl-C stops)")
+
+    def check_alive(self) -> None:
+        if self.nats.process is not None and self.nats.process.poll() is not None:
+            raise RuntimeError(f"nats-server exited with {self.nats.process.returncode}")
+        for component in self.components:
+            if component.process is not None and component.process.poll() is not None:
+                raise RuntimeError(
+                    f"{component.name} exited with {component.process.returncode}; "
+                    f"see {self.log_dir / (component.name + '.log')}"
+                )
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self.echo("engram: stopping")
+        for component in reversed(self.components):
+            process = component.process
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for component in reversed(self.components):
+            process = component.process
+            if process is None:
+                continue
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.echo(f"engram: {component.name} did not stop in {STOP_TIMEOUT_S}s; killing")
+                process.kill()
+                process.wait()
+            if component.pump is not None:
+                component.pump.join(timeout=2)
+            if component.log is not None:
+                component.log.close()
+        self.nats.stop()
+        self.echo("engram: stopped")
+
+
+def run_stack(settings: StackSettings) -> int:
+    """Run until Ctrl-C / SIGTERM or until a component dies. Returns the exit code."""
+    stack = Stack(settings)
+    stop_requested = threading.Event()
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop_requested.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    code = 0
+    try:
+        if port_is_open(settings.gateway_host, settings.gateway_port):
+            raise RuntimeError(
+                f"{settings.gateway_host}:{settings.gateway_port} is in use: is Engram already up?"
+            )
+        stack.start()
+        while not stop_requested.wait(0.5):
+            stack.check_alive()
+    except RuntimeError as exc:
+        print(f"engram: error: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        stack.stop()
+    return code
