@@ -14,8 +14,7 @@ from engram_testing.upstream import ScriptedUpstream
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
     """A real nats-server with JetStream on a free port, storing under tmp_path."""
-    server = NatsServerProcess(tmp_path / "nats", port=free_port(),
-                               log_file=tmp_path / "nats.log")
+    server = NatsServerProcess(tmp_path / "nats", port=free_port(), log_file=tmp_path / "nats.log")
     server.start()
     try:
         yield server

@@ -66,51 +66,80 @@ class ScriptedUpstream:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.fail_with is not None:
-            return JSONResponse({"error": {"message": "scripted failure", "type": "server_error",
-                                           "code": None}}, status_code=self.fail_with)
+            return JSONResponse(
+                {"error": {"message": "scripted failure", "type": "server_error", "code": None}},
+                status_code=self.fail_with,
+            )
         text = self._next_reply(body)
         created = int(time.time())
         completion_id = f"chatcmpl-{len(self.requests)}"
         if body.get("stream"):
-            return StreamingResponse(self._stream(completion_id, created, text),
-                                     media_type="text/event-stream")
-        return JSONResponse({
-            "id": completion_id, "object": "chat.completion", "created": created,
-            "model": body.get("model", self.model),
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": text}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": len(text.split()),
-                      "total_tokens": 10 + len(text.split())},
-        })
+            return StreamingResponse(
+                self._stream(completion_id, created, text), media_type="text/event-stream"
+            )
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": body.get("model", self.model),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 10,
+                    "completion_tokens": len(text.split()),
+                    "total_tokens": 10 + len(text.split()),
+                },
+            }
+        )
 
     async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            payload = {"id": completion_id, "object": "chat.completion.chunk",
-                       "created": created, "model": self.model,
-                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
             return f"data: {json.dumps(payload)}\n\n"
 
         yield chunk({"role": "assistant", "content": ""})
         for word in text.split(" "):
-            yield chunk({"content": word + " "} if word != text.split(" ")[-1]
-                        else {"content": word})
+            yield chunk(
+                {"content": word + " "} if word != text.split(" ")[-1] else {"content": word}
+            )
         yield chunk({}, "stop")
         yield "data: [DONE]\n\n"
 
     async def _models(self, request: Request) -> Response:
         self.requests.append(RecordedRequest(request.url.path, dict(request.headers), {}))
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted"}
+                ],
+            }
+        )
 
     def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
 
     def start(self) -> ScriptedUpstream:
-        config = uvicorn.Config(self.app(), host="127.0.0.1", port=self.port,
-                                log_level="warning", lifespan="off")
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()

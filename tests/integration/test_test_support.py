@@ -16,13 +16,22 @@ async def test_nats_server_has_jetstream(nats_url: str) -> None:
 async def test_scripted_upstream_replies_in_order_and_records(scripted_upstream) -> None:
     scripted_upstream.replies = ["first", "second"]
     client = openai.AsyncOpenAI(base_url=scripted_upstream.base_url, api_key="k")
-    one = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}])
-    two = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}],
-                                               stream=True)
+    one = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "a"}]
+    )
+    two = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "b"}], stream=True
+    )
     streamed = "".join([c.choices[0].delta.content or "" async for c in two])
-    three = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "c"}])
+    three = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "c"}]
+    )
     await client.close()
     assert one.choices[0].message.content == "first"
     assert streamed == "second"
     assert three.choices[0].message.content == "second"
-    assert [r["messages"][0]["content"] for r in scripted_upstream.chat_requests()] == ["a", "b", "c"]
+    assert [r["messages"][0]["content"] for r in scripted_upstream.chat_requests()] == [
+        "a",
+        "b",
+        "c",
+    ]

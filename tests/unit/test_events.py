@@ -7,8 +7,9 @@ from engram_core.events import TurnPersisted, dlq_subject
 
 
 def test_turn_round_trips_through_json() -> None:
-    event = TurnPersisted(tenant="t1", turn_id="r1:user", role="user", text="hi",
-                          conversation_id="c1", user_id="u1")
+    event = TurnPersisted(
+        tenant="t1", turn_id="r1:user", role="user", text="hi", conversation_id="c1", user_id="u1"
+    )
     again = TurnPersisted.model_validate_json(event.model_dump_json())
     assert again == event
     assert again.type == "turn.persisted"

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,20 +26,59 @@ from engram_cli.nats_server import free_port
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
-_SUBJECTS = ["my sister", "our neighbour", "my manager", "the dentist", "my best friend",
-             "the landlord", "my son", "the coach", "my grandmother", "the new intern"]
-_VERBS = ["recommended", "complained about", "fixed", "booked", "cancelled", "painted",
-          "moved to", "forgot about", "paid for", "talked about"]
-_OBJECTS = ["a trip to Lisbon", "the blue bicycle", "a sushi restaurant downtown",
-            "the kitchen sink", "a piano lesson", "the marathon in April", "a vegan cookbook",
-            "the broken laptop", "a hiking trail near the lake", "the concert tickets",
-            "a pottery class", "the garden fence", "a job interview", "the wedding venue"]
+_SUBJECTS = [
+    "my sister",
+    "our neighbour",
+    "my manager",
+    "the dentist",
+    "my best friend",
+    "the landlord",
+    "my son",
+    "the coach",
+    "my grandmother",
+    "the new intern",
+]
+_VERBS = [
+    "recommended",
+    "complained about",
+    "fixed",
+    "booked",
+    "cancelled",
+    "painted",
+    "moved to",
+    "forgot about",
+    "paid for",
+    "talked about",
+]
+_OBJECTS = [
+    "a trip to Lisbon",
+    "the blue bicycle",
+    "a sushi restaurant downtown",
+    "the kitchen sink",
+    "a piano lesson",
+    "the marathon in April",
+    "a vegan cookbook",
+    "the broken laptop",
+    "a hiking trail near the lake",
+    "the concert tickets",
+    "a pottery class",
+    "the garden fence",
+    "a job interview",
+    "the wedding venue",
+]
 _WHEN = ["yesterday", "last week", "on Sunday", "this morning", "in March", "after work"]
-_QUERIES = ["Where did we plan to travel?", "What happened with the bicycle?",
-            "Who fixed the sink?", "What do I know about the marathon?",
-            "Which restaurant was recommended?", "What did my manager say?",
-            "When is the concert?", "What about the pottery class?",
-            "Tell me about the job interview", "What did grandmother talk about?"]
+_QUERIES = [
+    "Where did we plan to travel?",
+    "What happened with the bicycle?",
+    "Who fixed the sink?",
+    "What do I know about the marathon?",
+    "Which restaurant was recommended?",
+    "What did my manager say?",
+    "When is the concert?",
+    "What about the pottery class?",
+    "Tell me about the job interview",
+    "What did grandmother talk about?",
+]
 
 
 def synthetic_texts(n: int, seed: int = 7) -> list[str]:
@@ -59,20 +97,25 @@ class RetrievalProcess:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.data_dir = data_dir
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> RetrievalClient:
-        env = {**os.environ, "ENGRAM_DATA_DIR": str(self.data_dir),
-               "ENGRAM_RETRIEVAL_LISTEN": self.address, "ENGRAM_LOG_LEVEL": "warning",
-               "ENGRAM_LOG_FORMAT": "json"}
+        env = {
+            **os.environ,
+            "ENGRAM_DATA_DIR": str(self.data_dir),
+            "ENGRAM_RETRIEVAL_LISTEN": self.address,
+            "ENGRAM_LOG_LEVEL": "warning",
+            "ENGRAM_LOG_FORMAT": "json",
+        }
         script = Path(sys.executable).parent / "engram-retrieval"
         self.log = (self.data_dir / "retrieval.log").open("ab")
-        self.process = subprocess.Popen([str(script)], env=env, stdout=self.log,
-                                        stderr=subprocess.STDOUT)
+        self.process = await asyncio.create_subprocess_exec(
+            str(script), env=env, stdout=self.log, stderr=asyncio.subprocess.STDOUT
+        )
         self.client = RetrievalClient(self.address, timeout_s=60)
         deadline = time.monotonic() + 120
         while not await self.client.is_serving():
-            if self.process.poll() is not None:
+            if self.process.returncode is not None:
                 raise RuntimeError(f"engram-retrieval exited; see {self.data_dir}/retrieval.log")
             if time.monotonic() > deadline:
                 raise RuntimeError("engram-retrieval not serving after 120s")
@@ -83,7 +126,7 @@ class RetrievalProcess:
         await self.client.close()
         if self.process is not None:
             self.process.terminate()
-            self.process.wait(timeout=30)
+            await asyncio.wait_for(self.process.wait(), timeout=30)
         self.log.close()
 
 
@@ -96,16 +139,27 @@ def _progress(label: str, done: int, total: int) -> None:
     sys.stderr.flush()
 
 
-async def _fill(client: RetrievalClient, tenant: str, texts: list[str], start: int,
-                batch: int, on_progress: Callable[[int], None]) -> None:
+async def _fill(
+    client: RetrievalClient,
+    tenant: str,
+    texts: list[str],
+    start: int,
+    batch: int,
+    on_progress: Callable[[int], None],
+) -> None:
     base = datetime(2026, 1, 1, tzinfo=UTC)
     for offset in range(0, len(texts), batch):
-        chunk = texts[offset:offset + batch]
+        chunk = texts[offset : offset + batch]
         memories = [
-            pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text=text, user_id="bench-user",
-                      conversation_id=f"conv-{(start + offset + i) % 20}",
-                      source_id=f"bench-{start + offset + i}",
-                      created_at=to_timestamp(base + timedelta(hours=start + offset + i)))
+            pb.Memory(
+                kind=pb.MEMORY_KIND_TURN,
+                role="user",
+                text=text,
+                user_id="bench-user",
+                conversation_id=f"conv-{(start + offset + i) % 20}",
+                source_id=f"bench-{start + offset + i}",
+                created_at=to_timestamp(base + timedelta(hours=start + offset + i)),
+            )
             for i, text in enumerate(chunk)
         ]
         await client.upsert(pb.UpsertRequest(tenant=tenant, memories=memories))
@@ -114,11 +168,19 @@ async def _fill(client: RetrievalClient, tenant: str, texts: list[str], start: i
 
 async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[str, object]:
     latencies: list[float] = []
-    stage_sums: dict[str, list[float]] = {"embed_ms": [], "candidates_ms": [], "rerank_ms": [],
-                                          "mmr_ms": []}
+    stage_sums: dict[str, list[float]] = {
+        "embed_ms": [],
+        "candidates_ms": [],
+        "rerank_ms": [],
+        "mmr_ms": [],
+    }
     for i in range(queries):
-        request = pb.SearchRequest(tenant=tenant, query=_QUERIES[i % len(_QUERIES)],
-                                   user_id="bench-user", conversation_id=f"conv-{i % 20}")
+        request = pb.SearchRequest(
+            tenant=tenant,
+            query=_QUERIES[i % len(_QUERIES)],
+            user_id="bench-user",
+            conversation_id=f"conv-{i % 20}",
+        )
         started = time.perf_counter()
         reply = await client.search(request)
         latencies.append((time.perf_counter() - started) * 1000)
@@ -128,8 +190,10 @@ async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[s
     arr = np.array(latencies)
     return {
         "queries": queries,
-        "latency_ms": {p: round(float(np.percentile(arr, q)), 2)
-                       for p, q in (("p50", 50), ("p95", 95), ("p99", 99))},
+        "latency_ms": {
+            p: round(float(np.percentile(arr, q)), 2)
+            for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
+        },
         "mean_ms": round(float(arr.mean()), 2),
         "stage_mean_ms": {k: round(float(np.mean(v)), 2) for k, v in stage_sums.items()},
         "samples_ms": [round(x, 3) for x in latencies],
@@ -146,32 +210,42 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
             for size in sorted(sizes):
                 tenant = "bench"
                 started = time.perf_counter()
-                await _fill(client, tenant, all_texts[stored:size], stored, batch,
-                            lambda done, s=size, st=stored: _progress(
-                                f"storing up to {s}", st + done, s))
+                await _fill(
+                    client,
+                    tenant,
+                    all_texts[stored:size],
+                    stored,
+                    batch,
+                    lambda done, s=size, st=stored: _progress(f"storing up to {s}", st + done, s),
+                )
                 upsert_s = time.perf_counter() - started
                 stored = size
                 for _ in range(5):  # warm-up
                     await client.search(pb.SearchRequest(tenant=tenant, query="warm up"))
                 result = await _measure(client, tenant, queries)
                 count = await client.count(pb.CountRequest(tenant=tenant))
-                rows.append({"memories": int(count.count), "upsert_s": round(upsert_s, 2),
-                             **result})
+                rows.append(
+                    {"memories": int(count.count), "upsert_s": round(upsert_s, 2), **result}
+                )
     return rows
 
 
 def _print_table(rows: list[dict[str, object]]) -> None:
-    header = f"{'memories':>9} {'queries':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} " \
-             f"{'embed':>7} {'cand':>7} {'rerank':>7} {'mmr':>7}"
+    header = (
+        f"{'memories':>9} {'queries':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
+        f"{'embed':>7} {'cand':>7} {'rerank':>7} {'mmr':>7}"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:
         lat = row["latency_ms"]
         stages = row["stage_mean_ms"]
         assert isinstance(lat, dict) and isinstance(stages, dict)
-        print(f"{row['memories']:>9} {row['queries']:>8} {lat['p50']:>8} {lat['p95']:>8} "
-              f"{lat['p99']:>8} {stages['embed_ms']:>7} {stages['candidates_ms']:>7} "
-              f"{stages['rerank_ms']:>7} {stages['mmr_ms']:>7}")
+        print(
+            f"{row['memories']:>9} {row['queries']:>8} {lat['p50']:>8} {lat['p95']:>8} "
+            f"{lat['p99']:>8} {stages['embed_ms']:>7} {stages['candidates_ms']:>7} "
+            f"{stages['rerank_ms']:>7} {stages['mmr_ms']:>7}"
+        )
 
 
 def _plot(rows: list[dict[str, object]], path: Path) -> None:
@@ -205,8 +279,11 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     _print_table(rows)
     results = {
         "benchmark": "latency",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                    "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
         "runs": [{k: v for k, v in row.items() if k != "samples_ms"} for row in rows],
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))

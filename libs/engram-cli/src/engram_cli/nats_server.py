@@ -50,8 +50,13 @@ def free_port() -> int:
 class NatsServerProcess:
     """One nats-server child process with JetStream storing under ``store_dir``."""
 
-    def __init__(self, store_dir: Path, port: int = 4222, host: str = "127.0.0.1",
-                 log_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        port: int = 4222,
+        host: str = "127.0.0.1",
+        log_file: Path | None = None,
+    ) -> None:
         self.store_dir = store_dir
         self.port = port
         self.host = host
@@ -67,12 +72,21 @@ class NatsServerProcess:
         if port_is_open(self.host, self.port):
             raise NatsServerError(f"port {self.host}:{self.port} is already in use")
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        args = [str(find_nats_server()), "-a", self.host, "-p", str(self.port),
-                "-js", "-sd", str(self.store_dir)]
+        args = [
+            str(find_nats_server()),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.store_dir),
+        ]
         if self.log_file is not None:
             self._log = self.log_file.open("ab")
-        self.process = subprocess.Popen(args, stdout=self._log or subprocess.DEVNULL,
-                                        stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args, stdout=self._log or subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

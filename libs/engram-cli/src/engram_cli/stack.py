@@ -85,9 +85,16 @@ def _script(name: str) -> str:
 
 
 class Stack:
-    def __init__(self, settings: StackSettings, *, echo: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        settings: StackSettings,
+        *,
+        echo: Callable[[str], None] = print,
+        relay_logs: bool = True,
+    ) -> None:
         self.settings = settings
         self.echo = echo
+        self.relay_logs = relay_logs
         self.data_dir = settings.data_dir.resolve()
         self.log_dir = self.data_dir / "logs"
         nats = urlparse(settings.nats_url.split(",")[0])
@@ -116,25 +123,34 @@ class Stack:
             Component(
                 name="retrieval",
                 command=[_script("engram-retrieval")],
-                env={**base, "OTEL_SERVICE_NAME": "engram-retrieval",
-                     "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen},
+                env={
+                    **base,
+                    "OTEL_SERVICE_NAME": "engram-retrieval",
+                    "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen,
+                },
                 endpoint=f"grpc://{s.retrieval_listen}",
                 is_ready=_grpc_serving(s.retrieval_listen),
             ),
             Component(
                 name="gateway",
                 command=[_script("engram-gateway")],
-                env={**base, "OTEL_SERVICE_NAME": "engram-gateway",
-                     "ENGRAM_GATEWAY_HOST": s.gateway_host,
-                     "ENGRAM_GATEWAY_PORT": str(s.gateway_port)},
+                env={
+                    **base,
+                    "OTEL_SERVICE_NAME": "engram-gateway",
+                    "ENGRAM_GATEWAY_HOST": s.gateway_host,
+                    "ENGRAM_GATEWAY_PORT": str(s.gateway_port),
+                },
                 endpoint=f"{gateway_url}/v1",
                 is_ready=_http_ok(f"{gateway_url}/readyz"),
             ),
             Component(
                 name="ingest",
                 command=[_script("engram-ingest")],
-                env={**base, "OTEL_SERVICE_NAME": "engram-ingest",
-                     "ENGRAM_HEALTH_PORT": str(s.ingest_health_port)},
+                env={
+                    **base,
+                    "OTEL_SERVICE_NAME": "engram-ingest",
+                    "ENGRAM_HEALTH_PORT": str(s.ingest_health_port),
+                },
                 endpoint=f"health http://127.0.0.1:{s.ingest_health_port}/readyz",
                 is_ready=_http_ok(f"http://127.0.0.1:{s.ingest_health_port}/readyz"),
             ),
@@ -170,8 +186,9 @@ class Stack:
             if component.log is not None:
                 component.log.write(line)
                 component.log.flush()
-            sys.stdout.buffer.write(prefix + line)
-            sys.stdout.buffer.flush()
+            if self.relay_logs:
+                sys.stdout.buffer.write(prefix + line)
+                sys.stdout.buffer.flush()
 
     def _wait_ready(self) -> None:
         pending = list(self.components)

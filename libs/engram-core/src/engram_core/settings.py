@@ -42,7 +42,7 @@ class EngramSettings(BaseSettings):
     stream_replicas: int = Field(default=1, ge=1, le=5, description="JetStream stream replicas.")
     traces_file: Path | None = Field(
         default=None,
-        description="Also write finished spans as JSON lines to this file (local debugging, tests).",
+        description="Also write finished spans as JSON lines here (local debugging, tests).",
     )
 
     @field_validator("log_level", mode="before")

@@ -1,0 +1,83 @@
+"""The whole stack, as `engram up` runs it: real nats-server, retrieval, gateway, ingest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engram_cli.nats_server import free_port
+from engram_cli.stack import Stack, StackSettings
+from engram_core.proto import pb
+from engram_core.retrieval_client import RetrievalClient
+from engram_testing.upstream import ScriptedUpstream
+
+
+def stack_settings(data_dir: Path) -> StackSettings:
+    return StackSettings(
+        data_dir=data_dir,
+        nats_url=f"nats://127.0.0.1:{free_port()}",
+        gateway_port=free_port(),
+        retrieval_listen=f"127.0.0.1:{free_port()}",
+        ingest_health_port=free_port(),
+    )
+
+
+@pytest.fixture
+def spans_file(tmp_path: Path) -> Path:
+    return tmp_path / "spans.jsonl"
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path,
+    scripted_upstream: ScriptedUpstream,
+    spans_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Stack]:
+    monkeypatch.setenv("ENGRAM_LLM_BASE_URL", scripted_upstream.base_url)
+    monkeypatch.setenv("ENGRAM_TRACES_FILE", str(spans_file))
+    monkeypatch.setenv("ENGRAM_LOG_FORMAT", "json")
+    running = Stack(stack_settings(tmp_path / "data"), echo=lambda _: None, relay_logs=False)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def gateway_url(stack: Stack) -> str:
+    return f"http://{stack.settings.gateway_host}:{stack.settings.gateway_port}/v1"
+
+
+async def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def count_memories(address: str, tenant: str, conversation_id: str) -> int:
+    client = RetrievalClient(address)
+    try:
+        reply = await client.count(
+            pb.CountRequest(tenant=tenant, filter=pb.MemoryFilter(conversation_id=conversation_id))
+        )
+        return int(reply.count)
+    finally:
+        await client.close()
+
+
+def read_spans(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
