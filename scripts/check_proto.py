@@ -33,8 +33,11 @@ def _diff(cmp: filecmp.dircmp[str]) -> list[str]:
     out += [f"{cmp.right}/{n} (missing)" for n in cmp.right_only]
     out += [f"{cmp.left}/{n} (differs)" for n in cmp.diff_files]
     # dircmp compares shallowly by stat; compare contents explicitly
-    out += [f"{cmp.left}/{n} (differs)" for n in cmp.same_files
-            if Path(cmp.left, n).read_bytes() != Path(cmp.right, n).read_bytes()]
+    out += [
+        f"{cmp.left}/{n} (differs)"
+        for n in cmp.same_files
+        if Path(cmp.left, n).read_bytes() != Path(cmp.right, n).read_bytes()
+    ]
     for sub in cmp.subdirs.values():
         out += _diff(sub)
     return out

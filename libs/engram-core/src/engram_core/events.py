@@ -61,7 +61,9 @@ class TurnPersisted(Event):
     created_at: datetime = Field(default_factory=utcnow)
     model: str = Field(default="", description="The chat model that produced / received the turn.")
     request_id: str = Field(default="", description="The gateway request the turn belongs to.")
-    source_id: str = Field(default="", description="External id of the turn, if the caller has one.")
+    source_id: str = Field(
+        default="", description="External id of the turn, if the caller has one."
+    )
 
 
 ALL_EVENTS: tuple[type[Event], ...] = (TurnPersisted,)

@@ -14,8 +14,12 @@ from typing import Any
 import structlog
 from opentelemetry import trace
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def add_trace_context(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -35,6 +39,7 @@ def configure_logging(service: str, level: str = "info", fmt: str = "auto") -> N
         if use_console
         else structlog.processors.JSONRenderer()
     )
+
     def add_service(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         event_dict.setdefault("service", service)
         return event_dict

@@ -44,18 +44,24 @@ class JsonLinesSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
-            lines.append(json.dumps({
-                "name": span.name,
-                "service": span.resource.attributes.get(SERVICE_NAME),
-                "trace_id": format(ctx.trace_id, "032x"),
-                "span_id": format(ctx.span_id, "016x"),
-                "parent_span_id": format(span.parent.span_id, "016x") if span.parent else None,
-                "kind": span.kind.name,
-                "start_ns": span.start_time,
-                "end_ns": span.end_time,
-                "status": span.status.status_code.name,
-                "attributes": {k: _jsonable(v) for k, v in (span.attributes or {}).items()},
-            }))
+            lines.append(
+                json.dumps(
+                    {
+                        "name": span.name,
+                        "service": span.resource.attributes.get(SERVICE_NAME),
+                        "trace_id": format(ctx.trace_id, "032x"),
+                        "span_id": format(ctx.span_id, "016x"),
+                        "parent_span_id": format(span.parent.span_id, "016x")
+                        if span.parent
+                        else None,
+                        "kind": span.kind.name,
+                        "start_ns": span.start_time,
+                        "end_ns": span.end_time,
+                        "status": span.status.status_code.name,
+                        "attributes": {k: _jsonable(v) for k, v in (span.attributes or {}).items()},
+                    }
+                )
+            )
         with self._lock, self._path.open("a", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")
         return SpanExportResult.SUCCESS
