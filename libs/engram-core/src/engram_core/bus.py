@@ -1,22 +1,29 @@
 """JetStream plumbing shared by the gateway (publisher) and every worker (consumers).
 
 The stream is declared here once. Every process checks it at startup: a missing
-stream is created, a conflicting one (other subjects, storage or replicas) stops the
-process with a clear error instead of silently running against the wrong stream.
+stream is created, a conflicting one (other subjects, storage, replicas, retention or
+a duplicate window too short for de-duplication) stops the process with a clear error
+instead of silently running against the wrong stream. FastStream's own stream
+declaration is never used: it would quietly merge subjects into whatever exists.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 
 import nats
 from faststream.nats import NatsBroker, PubAck, StorageType, StreamConfig
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, ConsumerInfo, RetentionPolicy
 from nats.js.errors import NotFoundError
 
 from engram_core.events import DUPLICATE_WINDOW_S, STREAM_NAME, STREAM_SUBJECTS, Event
 
 PUBLISH_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5.0
 
 
 class StreamConfigConflict(RuntimeError):
@@ -28,6 +35,7 @@ def stream_config(replicas: int = 1) -> StreamConfig:
         name=STREAM_NAME,
         subjects=list(STREAM_SUBJECTS),
         storage=StorageType.FILE,
+        retention=RetentionPolicy.LIMITS,
         num_replicas=replicas,
         duplicate_window=DUPLICATE_WINDOW_S,
     )
@@ -37,41 +45,90 @@ def nats_servers(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
-async def ensure_stream(nats_url: str, replicas: int = 1) -> None:
-    """Create the stream if missing; fail loudly if it exists with a different shape."""
-    wanted = stream_config(replicas)
-    nc = await nats.connect(servers=nats_servers(nats_url), connect_timeout=5,
-                            max_reconnect_attempts=0)
+@asynccontextmanager
+async def _admin_connection(nats_url: str) -> AsyncIterator[Client]:
+    """A short-lived connection for declarations; no reconnects, so start-up fails fast."""
+    nc = await nats.connect(
+        servers=nats_servers(nats_url),
+        connect_timeout=CONNECT_TIMEOUT_S,
+        max_reconnect_attempts=0,
+        allow_reconnect=False,
+    )
     try:
-        js = nc.jetstream()
-        try:
-            info = await js.stream_info(STREAM_NAME)
-        except NotFoundError:
-            await js.add_stream(wanted)
-            return
-        have = info.config
-        problems = []
-        if sorted(have.subjects or []) != sorted(wanted.subjects or []):
-            problems.append(f"subjects {have.subjects} != {wanted.subjects}")
-        if have.storage != wanted.storage:
-            problems.append(f"storage {have.storage} != {wanted.storage}")
-        if (have.num_replicas or 1) != wanted.num_replicas:
-            problems.append(f"replicas {have.num_replicas} != {wanted.num_replicas}")
-        if problems:
-            raise StreamConfigConflict(
-                f"JetStream stream {STREAM_NAME!r} exists with a conflicting configuration: "
-                + "; ".join(problems)
-            )
+        yield nc
     finally:
         await nc.close()
 
 
-def make_broker(nats_url: str, *, client_name: str) -> NatsBroker:
-    """A FastStream NATS broker with OpenTelemetry context propagation on publish/consume."""
+def _stream_problems(have: StreamConfig, wanted: StreamConfig) -> list[str]:
+    problems = []
+    if sorted(have.subjects or []) != sorted(wanted.subjects or []):
+        problems.append(f"subjects {have.subjects} != {wanted.subjects}")
+    if have.storage != wanted.storage:
+        problems.append(f"storage {have.storage} != {wanted.storage}")
+    if (have.num_replicas or 1) != wanted.num_replicas:
+        problems.append(f"replicas {have.num_replicas} != {wanted.num_replicas}")
+    # Work-queue or interest retention would let one worker's ack delete another's message.
+    if (have.retention or RetentionPolicy.LIMITS) != RetentionPolicy.LIMITS:
+        problems.append(f"retention {have.retention} != {RetentionPolicy.LIMITS}")
+    # Shorter than ours and a re-published event could be stored (and handled) twice.
+    if (have.duplicate_window or 0) < wanted.duplicate_window:
+        problems.append(f"duplicate_window {have.duplicate_window}s < {wanted.duplicate_window}s")
+    return problems
+
+
+async def ensure_stream(nats_url: str, replicas: int = 1) -> None:
+    """Create the stream if missing; fail loudly if it exists with a different shape.
+
+    Idempotent: safe to call from every process at every start.
+    """
+    wanted = stream_config(replicas)
+    async with _admin_connection(nats_url) as nc:
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(STREAM_NAME)
+        except NotFoundError:
+            # Two processes racing here both succeed: creating an identical stream is a no-op.
+            await js.add_stream(wanted)
+            return
+        if problems := _stream_problems(info.config, wanted):
+            raise StreamConfigConflict(
+                f"JetStream stream {STREAM_NAME!r} exists with a conflicting configuration: "
+                + "; ".join(problems)
+            )
+
+
+async def ensure_consumer(nats_url: str, config: ConsumerConfig) -> ConsumerInfo:
+    """Create a durable consumer on the stream, or update the editable fields of an existing one.
+
+    Binding alone (what nats-py does when the durable already exists) would keep the
+    settings of whichever process created it first, so a changed ``max_deliver`` or
+    ``ack_wait`` would never take effect.
+    """
+    async with _admin_connection(nats_url) as nc:
+        # Without an explicit action the server creates or updates (nats-server >= 2.10).
+        return await nc.jetstream().add_consumer(STREAM_NAME, config=config)
+
+
+def make_broker(
+    nats_url: str, *, client_name: str, graceful_timeout: float | None = None
+) -> NatsBroker:
+    """A FastStream NATS broker with OpenTelemetry context propagation on publish/consume.
+
+    ``graceful_timeout``: on stop, wait up to this long for in-flight handlers to finish
+    (consumers set it; a publisher-only process does not need it).
+
+    FastStream's own logger would print coloured text to stdout; a plain stdlib logger
+    sends its lines through the process's structlog formatter instead. Its per-message
+    "Received"/"Processed" lines go to DEBUG: handlers log their own outcome.
+    """
     return NatsBroker(
         nats_servers(nats_url),
         name=client_name,
         middlewares=[NatsTelemetryMiddleware()],
+        graceful_timeout=graceful_timeout,
+        logger=logging.getLogger("faststream.nats"),
+        log_level=logging.DEBUG,
     )
 
 

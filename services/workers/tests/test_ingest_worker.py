@@ -1,0 +1,236 @@
+"""The ingest worker in-process against a real nats-server and a fake retrieval service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+
+import grpc
+import pytest
+
+from engram_cli.nats_server import free_port
+from engram_core.bus import publish_event
+from engram_core.events import STREAM_NAME, TurnPersisted
+from engram_core.proto import from_timestamp, pb
+from engram_workers.ingest import turn_memory_id
+
+pytestmark = pytest.mark.integration
+
+CREATED = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+
+
+def turn(**overrides: object) -> TurnPersisted:
+    values: dict[str, object] = {
+        "tenant": "acme",
+        "user_id": "u1",
+        "conversation_id": "c1",
+        "turn_id": "t-1",
+        "role": "user",
+        "text": "I moved to Lisbon last spring.",
+        "created_at": CREATED,
+        "model": "gpt-test",
+        "source_id": "D1:3",
+        **overrides,
+    }
+    return TurnPersisted(**values)
+
+
+async def test_turn_is_upserted_with_its_fields_and_a_deterministic_id(
+    ingest, publisher, eventually
+) -> None:
+    await ingest.start()
+    event = turn()
+    await publish_event(publisher, event)
+
+    service = ingest.retrieval.service
+    await eventually(lambda: len(service.upserts) == 1, what="the Upsert")
+    request = service.upserts[0]
+    assert request.tenant == "acme"
+    [memory] = request.memories
+    # Pinned: a change would give every stored turn a new id.
+    assert (
+        memory.id == turn_memory_id("acme", "c1", "t-1") == ("f446aed3-a438-5d8b-9e65-5d41f6fb601a")
+    )
+    assert memory.kind == pb.MEMORY_KIND_TURN
+    assert (memory.role, memory.text) == ("user", "I moved to Lisbon last spring.")
+    assert (memory.user_id, memory.conversation_id, memory.source_id) == ("u1", "c1", "D1:3")
+    assert from_timestamp(memory.created_at) == CREATED
+    assert dict(memory.metadata) == {
+        "turn_id": "t-1",
+        "event_id": event.event_id,
+        "model": "gpt-test",
+    }
+    await eventually(ingest.settled, what="the ack")
+    assert await ingest.dead_letter_count() == 0
+
+
+async def test_duplicates_never_create_a_second_memory(ingest, publisher, eventually) -> None:
+    await ingest.start()
+    event = turn()
+    first = await publish_event(publisher, event)
+    again = await publish_event(publisher, event)  # same event_id: JetStream drops it
+    assert not first.duplicate
+    assert again.duplicate
+    # The same turn re-published as a new event (a retried request) is delivered again...
+    await publish_event(publisher, turn(event_id="another-event-id"))
+
+    service = ingest.retrieval.service
+    await eventually(lambda: len(service.upserts) == 2, what="two Upserts")
+    await eventually(ingest.settled, what="the acks")
+    # ...and lands on the same point.
+    assert len(service.upserts) == 2
+    assert {m.id for r in service.upserts for m in r.memories} == {
+        turn_memory_id("acme", "c1", "t-1")
+    }
+    assert len(service.stored) == 1
+
+
+async def test_transient_failure_is_retried_with_backoff(ingest, publisher, eventually) -> None:
+    await ingest.start(max_deliver=5, retry_backoff_s=(0.3, 0.6))
+    service = ingest.retrieval.service
+    service.fail_next = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED]
+    await publish_event(publisher, turn())
+
+    await eventually(lambda: len(service.upserts) == 1, what="the successful Upsert")
+    first, second, third = service.attempts
+    assert second - first >= 0.3 - 0.05
+    assert third - second >= 0.6 - 0.05
+    await eventually(ingest.settled, what="the ack")
+    assert await ingest.dead_letter_count() == 0
+
+
+async def test_persistent_failure_is_dead_lettered_after_max_deliver(
+    ingest, publisher, eventually
+) -> None:
+    await ingest.start(max_deliver=3, retry_backoff_s=(0.1,))
+    service = ingest.retrieval.service
+    service.fail_always = grpc.StatusCode.UNAVAILABLE
+    event = turn()
+    await publish_event(publisher, event)
+
+    [letter] = await ingest.dead_letters(1)
+    assert letter.worker == "ingest"
+    assert letter.subject == TurnPersisted.subject
+    assert letter.deliveries == 3
+    assert "gave up after 3 deliveries" in letter.reason
+    assert "UNAVAILABLE" in letter.reason
+    assert TurnPersisted.model_validate_json(letter.original_body) == event
+    assert letter.original_headers["Nats-Msg-Id"] == event.event_id
+    await eventually(ingest.settled, what="the original to be terminated")
+    await asyncio.sleep(0.3)  # longer than the backoff: no fourth attempt comes
+    assert len(service.attempts) == 3
+    assert service.upserts == []
+
+
+async def test_invalid_argument_is_dead_lettered_at_once(ingest, publisher, eventually) -> None:
+    await ingest.start(max_deliver=5)
+    service = ingest.retrieval.service
+    service.fail_next = [grpc.StatusCode.INVALID_ARGUMENT]
+    await publish_event(publisher, turn())
+
+    [letter] = await ingest.dead_letters(1)
+    assert letter.deliveries == 1
+    assert "INVALID_ARGUMENT" in letter.reason
+    await eventually(ingest.settled, what="the original to be terminated")
+    assert len(service.attempts) == 1
+
+
+async def test_malformed_payloads_go_straight_to_the_dead_letter_subject(
+    ingest, publisher, eventually
+) -> None:
+    await ingest.start(max_deliver=5)
+    not_json = b"{not json"
+    missing_role = turn().model_dump(mode="json")
+    del missing_role["role"]
+    missing_role["text"] = "private words"
+    for body in (not_json, json.dumps(missing_role).encode()):
+        await publisher.publish(body, subject=TurnPersisted.subject, stream=STREAM_NAME)
+
+    letters = await ingest.dead_letters(2)
+    by_body = {letter.original_body: letter for letter in letters}
+    assert by_body[not_json.decode()].reason.startswith("malformed event: body: Invalid JSON")
+    role_letter = by_body[json.dumps(missing_role)]
+    assert role_letter.reason == "malformed event: role: Field required"
+    assert "private words" not in role_letter.reason
+    assert all(letter.deliveries == 1 for letter in letters)
+    await eventually(ingest.settled, what="both originals to be terminated")
+    assert ingest.retrieval.service.attempts == []
+
+
+async def test_empty_turn_is_acknowledged_without_an_upsert(ingest, publisher, eventually) -> None:
+    await ingest.start()
+    await publish_event(publisher, turn(text="  \n"))
+    await eventually(ingest.settled, what="the ack")
+    assert ingest.retrieval.service.attempts == []
+    assert await ingest.dead_letter_count() == 0
+
+
+async def test_a_second_replica_shares_the_durable_consumer(ingest, publisher, eventually) -> None:
+    await ingest.start(worker_concurrency=1)
+    await ingest.start(worker_concurrency=1)
+    for n in range(6):
+        await publish_event(publisher, turn(turn_id=f"t-{n}"))
+    service = ingest.retrieval.service
+    await eventually(lambda: len(service.upserts) == 6, what="six Upserts")
+    await eventually(ingest.settled, what="the acks")
+    assert len(service.stored) == 6
+
+
+def http_get(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status, json.load(reply)
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, json.load(error)
+
+
+async def test_health_endpoints(ingest) -> None:
+    port = free_port()
+    await ingest.start(health_port=port, health_host="127.0.0.1")
+    base = f"http://127.0.0.1:{port}"
+
+    assert await asyncio.to_thread(http_get, f"{base}/healthz") == (200, {"status": "alive"})
+    status, body = await asyncio.to_thread(http_get, f"{base}/readyz")
+    assert (status, body) == (
+        200,
+        {"status": "ready", "checks": {"consuming": True, "nats": True, "retrieval": True}},
+    )
+
+    await ingest.retrieval.set_serving(False)
+    status, body = await asyncio.to_thread(http_get, f"{base}/readyz")
+    assert status == 503
+    assert body["checks"] == {"consuming": True, "nats": True, "retrieval": False}
+    assert (await asyncio.to_thread(http_get, f"{base}/nope"))[0] == 404
+
+
+async def test_shutdown_lets_the_in_flight_message_finish(ingest, publisher, eventually) -> None:
+    port = free_port()
+    running = await ingest.start(health_port=port, health_host="127.0.0.1")
+    service = ingest.retrieval.service
+    service.delay_s = 1.0
+    await publish_event(publisher, turn())
+    await eventually(lambda: len(service.attempts) == 1, what="the Upsert to start")
+
+    await running.shutdown()
+
+    assert len(service.upserts) == 1  # finished, not cancelled
+    assert not running.worker.consuming
+    assert await ingest.settled()  # and acknowledged before the connection closed
+    with pytest.raises(urllib.error.URLError):
+        await asyncio.to_thread(http_get, f"http://127.0.0.1:{port}/healthz")
+
+
+async def test_a_slow_handler_keeps_its_message_past_ack_wait(
+    ingest, publisher, eventually
+) -> None:
+    await ingest.start(ack_wait_s=0.6)
+    service = ingest.retrieval.service
+    service.delay_s = 1.5
+    await publish_event(publisher, turn())
+    await eventually(lambda: len(service.upserts) == 1, what="the slow Upsert")
+    await eventually(ingest.settled, what="the ack")
+    assert len(service.attempts) == 1  # not handed out again while still in progress
