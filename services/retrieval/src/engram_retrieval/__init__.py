@@ -1,0 +1,1 @@
+"""Engram retrieval service: gRPC MemoryService over Qdrant with ONNX models."""

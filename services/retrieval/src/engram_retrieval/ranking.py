@@ -1,0 +1,191 @@
+"""The ranking half of the search pipeline, as pure functions (numpy only, no I/O).
+
+Given candidate pools (one per scope) and a relevance score per candidate:
+
+1. merge the pools, first occurrence of an id wins (pools come in scope order);
+2. small store: when the pools were not truncated and hold at most
+   ``small_store_size`` memories in all, return them newest first;
+3. drop candidates whose relevance is below ``score_threshold``;
+4. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
+   ``total = (1 - w) * relevance + w * recency``;
+5. MMR on embedding cosine: repeatedly pick ``argmax λ·total - (1 - λ)·max_sim(selected)``
+   until ``top_k`` are selected.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+SECONDS_PER_DAY = 86_400.0
+
+
+class Outcome(enum.Enum):
+    RANKED = "ranked"
+    SMALL_STORE = "small_store"
+    NOTHING_RELEVANT = "nothing_relevant"
+    EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class RankingParams:
+    top_k: int = 5
+    recency_weight: float = 0.2
+    score_threshold: float = 0.35
+    mmr_lambda: float = 0.7
+    half_life_days: float = 30.0
+    small_store_size: int = 5
+    candidate_multiplier: int = 3
+
+    @property
+    def pool_size(self) -> int:
+        """Candidates fetched per scope: ``top_k * multiplier``, and always enough to tell
+        a small store (≤ ``small_store_size`` in all) from a larger one."""
+        return max(self.top_k * self.candidate_multiplier, self.small_store_size + 1)
+
+
+@dataclass
+class Candidate:
+    id: str
+    scope: str  # conversation | user | global
+    dense: float  # cosine of query and memory embeddings
+    vector: np.ndarray
+    created_at: datetime
+    text: str = ""
+    payload: Any = None  # carried through untouched
+
+
+@dataclass
+class ScoredCandidate:
+    candidate: Candidate
+    relevance: float
+    recency: float
+    total: float
+    mmr: float = 0.0
+
+
+@dataclass
+class RankingResult:
+    outcome: Outcome
+    hits: list[ScoredCandidate] = field(default_factory=list)
+    considered: int = 0
+
+
+def sigmoid(x: np.ndarray | float) -> np.ndarray:
+    """Numerically stable logistic function."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out
+
+
+def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:
+    """Concatenate scope pools, keeping the first occurrence of each id."""
+    seen: set[str] = set()
+    merged: list[Candidate] = []
+    for pool in pools:
+        for candidate in pool:
+            if candidate.id not in seen:
+                seen.add(candidate.id)
+                merged.append(candidate)
+    return merged
+
+
+def pools_complete(pools: Sequence[Sequence[Candidate]], pool_size: int) -> bool:
+    """True when no pool hit its limit, i.e. the pools hold every memory in scope."""
+    return all(len(pool) < pool_size for pool in pools)
+
+
+def recency(created_at: Sequence[datetime], now: datetime, half_life_days: float) -> np.ndarray:
+    ages = np.array(
+        [max(0.0, (now - ts).total_seconds() / SECONDS_PER_DAY) for ts in created_at],
+        dtype=np.float64,
+    )
+    return np.exp(-ages / half_life_days)
+
+
+def total_score(relevance: np.ndarray, recency_: np.ndarray, weight: float) -> np.ndarray:
+    return (1.0 - weight) * np.asarray(relevance, dtype=np.float64) + weight * recency_
+
+
+def threshold_mask(relevance: np.ndarray, threshold: float) -> np.ndarray:
+    return np.asarray(relevance, dtype=np.float64) >= threshold
+
+
+def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit = vectors / np.maximum(norms, 1e-12)
+    return unit @ unit.T
+
+
+def mmr_select(
+    totals: np.ndarray, vectors: np.ndarray, mmr_lambda: float, top_k: int
+) -> list[tuple[int, float]]:
+    """Greedy MMR. Returns (index, objective at selection) in selection order.
+
+    The first pick has no selected neighbour, so its objective is ``λ·total``.
+    Ties go to the lower index (the candidate that came first).
+    """
+    n = len(totals)
+    if n == 0 or top_k <= 0:
+        return []
+    totals = np.asarray(totals, dtype=np.float64)
+    sims = cosine_matrix(vectors)
+    max_sim = np.zeros(n, dtype=np.float64)
+    available = np.ones(n, dtype=bool)
+    picked: list[tuple[int, float]] = []
+    for _ in range(min(top_k, n)):
+        objective = mmr_lambda * totals - (1.0 - mmr_lambda) * max_sim
+        objective[~available] = -math.inf
+        best = int(np.argmax(objective))
+        picked.append((best, float(objective[best])))
+        available[best] = False
+        max_sim = np.maximum(max_sim, sims[best])
+    return picked
+
+
+def rank(
+    candidates: Sequence[Candidate],
+    relevance: Sequence[float] | np.ndarray,
+    params: RankingParams,
+    now: datetime,
+    *,
+    complete: bool,
+) -> RankingResult:
+    """Rank merged candidates. ``complete``: the pools held every memory in scope."""
+    n = len(candidates)
+    if n == 0:
+        return RankingResult(Outcome.EMPTY, considered=0)
+    rel = np.asarray(relevance, dtype=np.float64)
+    if rel.shape != (n,):
+        raise ValueError(f"need one relevance per candidate ({n}), got shape {rel.shape}")
+    rec = recency([c.created_at for c in candidates], now, params.half_life_days)
+    tot = total_score(rel, rec, params.recency_weight)
+
+    def scored(i: int, mmr: float = 0.0) -> ScoredCandidate:
+        return ScoredCandidate(candidates[i], float(rel[i]), float(rec[i]), float(tot[i]), mmr)
+
+    if complete and n <= params.small_store_size:
+        newest_first = sorted(
+            range(n), key=lambda i: (candidates[i].created_at, candidates[i].id), reverse=True
+        )
+        hits = [scored(i) for i in newest_first[: params.top_k]]
+        return RankingResult(Outcome.SMALL_STORE, hits, considered=n)
+
+    keep = np.flatnonzero(threshold_mask(rel, params.score_threshold))
+    if keep.size == 0:
+        return RankingResult(Outcome.NOTHING_RELEVANT, considered=n)
+    vectors = np.stack([np.asarray(candidates[i].vector, dtype=np.float64) for i in keep])
+    picked = mmr_select(tot[keep], vectors, params.mmr_lambda, params.top_k)
+    hits = [scored(int(keep[j]), mmr) for j, mmr in picked]
+    return RankingResult(Outcome.RANKED, hits, considered=n)

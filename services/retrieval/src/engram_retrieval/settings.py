@@ -1,0 +1,93 @@
+"""Configuration of the retrieval service (``ENGRAM_*`` variables, validated at start)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+
+from engram_core.settings import EngramSettings
+
+RERANKER_FILES = ("model.onnx", "tokenizer.json")
+
+
+class RetrievalSettings(EngramSettings):
+    """The retrieval service: gRPC listener, vector store, models and ranking defaults."""
+
+    retrieval_listen: str = Field(
+        default="127.0.0.1:50051",
+        description="host:port the gRPC server binds; port 0 picks a free port.",
+    )
+    qdrant_url: str | None = Field(
+        default=None,
+        description="Qdrant server URL. Unset: an embedded on-disk store under <data_dir>/qdrant.",
+    )
+    qdrant_api_key: SecretStr | None = None
+    qdrant_collection: str = Field(default="engram_memories", min_length=1, max_length=255)
+
+    reranker_path: Path | None = Field(
+        default=None,
+        description="Directory with a cross-encoder's model.onnx and tokenizer.json. "
+        "Unset: relevance is the calibrated bi-encoder similarity.",
+    )
+    reranker_max_length: int = Field(default=512, ge=16, le=4096)
+    reranker_batch_size: int = Field(default=16, ge=1, le=1024)
+
+    embed_threads: int = Field(
+        default=0, ge=0, le=256, description="onnxruntime intra-op threads; 0: one per core."
+    )
+    embed_batch_size: int = Field(default=32, ge=1, le=1024)
+    embed_max_length: int = Field(default=256, ge=8, le=512)
+
+    search_top_k: int = Field(default=5, ge=1, le=100)
+    search_recency_weight: float = Field(default=0.2, ge=0.0, le=1.0)
+    search_score_threshold: float = Field(default=0.35, ge=0.0, le=1.0)
+    search_mmr_lambda: float = Field(default=0.7, ge=0.0, le=1.0)
+    recency_half_life_days: float = Field(
+        default=30.0, gt=0.0, description="recency = exp(-age_days / this)."
+    )
+    small_store_size: int = Field(
+        default=5, ge=0, le=100, description="At most this many memories in scope: return all."
+    )
+    candidate_multiplier: int = Field(default=3, ge=1, le=50)
+
+    shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
+
+    @field_validator("qdrant_url", "qdrant_api_key", "reranker_path", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip() == "" else value
+
+    @field_validator("retrieval_listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"must be host:port (got {value!r})")
+        return value
+
+    @field_validator("qdrant_url")
+    @classmethod
+    def _qdrant_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s):// URL (got {value!r})")
+        return value
+
+    @field_validator("reranker_path")
+    @classmethod
+    def _reranker_files(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        if not value.is_dir():
+            raise ValueError(f"{value} is not a directory")
+        missing = [name for name in RERANKER_FILES if not (value / name).is_file()]
+        if missing:
+            raise ValueError(f"{value} lacks {', '.join(missing)}")
+        return value
+
+    @property
+    def edge_store_path(self) -> Path:
+        """The embedded store's shard: ``<data_dir>/qdrant/<collection>``."""
+        return self.data_dir / "qdrant" / self.qdrant_collection

@@ -1,0 +1,53 @@
+"""The packaged MiniLM bi-encoder (real model, loaded once per session)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engram_retrieval.embedder import MODEL_ID, Embedder, default_model_files
+
+
+def test_model_files_come_from_packages() -> None:
+    files = default_model_files()
+    assert files.model.name == "model.onnx" and files.model.is_file()
+    assert files.tokenizer.name == "tokenizer.json" and files.tokenizer.is_file()
+    assert files.model_id == MODEL_ID
+
+
+def test_vectors_are_unit_norm_384d(embedder: Embedder) -> None:
+    vectors = embedder.embed(["hello world", "a somewhat longer sentence about the weather"])
+    assert vectors.shape == (2, 384) and vectors.dtype == np.float32
+    assert np.linalg.norm(vectors, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert embedder.dim == 384 and embedder.model_id == MODEL_ID
+
+
+def test_paraphrase_is_closer_than_unrelated(embedder: Embedder) -> None:
+    anchor, paraphrase, unrelated = embedder.embed(
+        [
+            "The cat sits on the mat.",
+            "A cat is sitting on a rug.",
+            "Stock markets fell sharply today.",
+        ]
+    )
+    assert float(anchor @ paraphrase) > float(anchor @ unrelated) + 0.3
+
+
+def test_batch_equals_single(embedder: Embedder) -> None:
+    texts = ["short", "a much longer sentence that forces the others to be padded", "medium one"]
+    batch = embedder.embed(texts)
+    single = np.stack([embedder.embed_one(t) for t in texts])
+    np.testing.assert_allclose(batch, single, atol=1e-4)
+
+
+def test_padding_is_dynamic_and_truncation_applies(embedder: Embedder) -> None:
+    tokenizer = embedder._tokenizer
+    assert len(tokenizer.encode("hi").ids) == 3  # [CLS] hi [SEP], not padded to 128
+    assert len(tokenizer.encode("word " * 1000).ids) == embedder.max_length == 256
+    assert embedder.embed([]).shape == (0, 384)
+
+
+def test_token_vectors(embedder: Embedder) -> None:
+    tokens = embedder.token_vectors("two words")
+    assert tokens.shape == (4, 384)  # [CLS] two words [SEP]
+    assert np.linalg.norm(tokens, axis=1) == pytest.approx([1.0] * 4, abs=1e-5)

@@ -1,0 +1,150 @@
+"""ranking.py against hand-computed numbers."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from engram_retrieval.ranking import (
+    Candidate,
+    Outcome,
+    RankingParams,
+    merge_pools,
+    mmr_select,
+    pools_complete,
+    rank,
+    recency,
+    sigmoid,
+    threshold_mask,
+    total_score,
+)
+
+NOW = datetime(2025, 1, 31, tzinfo=UTC)
+
+
+def cand(
+    id_: str,
+    vector: list[float],
+    age_days: float = 0.0,
+    scope: str = "conversation",
+    dense: float = 0.5,
+) -> Candidate:
+    return Candidate(
+        id=id_,
+        scope=scope,
+        dense=dense,
+        vector=np.array(vector),
+        created_at=NOW - timedelta(days=age_days),
+    )
+
+
+def test_sigmoid_values_and_stability() -> None:
+    assert sigmoid(0.0) == pytest.approx(0.5)
+    assert sigmoid(math.log(3)) == pytest.approx(0.75)
+    out = sigmoid(np.array([-1000.0, 1000.0]))
+    assert out.tolist() == [0.0, 1.0]
+
+
+def test_recency_is_exp_of_age_over_half_life() -> None:
+    ages = [NOW, NOW - timedelta(days=30), NOW - timedelta(days=15), NOW + timedelta(days=2)]
+    assert recency(ages, NOW, 30.0) == pytest.approx([1.0, 0.367879441, 0.606530660, 1.0])
+
+
+def test_total_is_weighted_mix() -> None:
+    # (1 - 0.2) * 0.8 + 0.2 * 0.5 = 0.74 ; 0.8 * 0.3 + 0.2 * 1.0 = 0.44
+    assert total_score(np.array([0.8, 0.3]), np.array([0.5, 1.0]), 0.2) == pytest.approx(
+        [0.74, 0.44]
+    )
+
+
+def test_threshold_keeps_equal_and_above() -> None:
+    assert threshold_mask(np.array([0.34, 0.35, 0.9]), 0.35).tolist() == [False, True, True]
+
+
+def test_mmr_prefers_diverse_item_over_near_duplicate() -> None:
+    # A total 0.9 [1, 0]; B total 0.85 [0.96, 0.28] (cos(A,B) = 0.96); C total 0.6 [0, 1].
+    # pick 1: 0.7*0.9 = 0.63 (A) > 0.595 (B) > 0.42 (C)
+    # pick 2: B = 0.595 - 0.3*0.96 = 0.307 ; C = 0.42 - 0.3*0 = 0.42  -> C
+    # pick 3: B = 0.595 - 0.3*max(0.96, 0.28) = 0.307
+    totals = np.array([0.9, 0.85, 0.6])
+    vectors = np.array([[1.0, 0.0], [0.96, 0.28], [0.0, 1.0]])
+    picked = mmr_select(totals, vectors, 0.7, 3)
+    assert [i for i, _ in picked] == [0, 2, 1]
+    assert [m for _, m in picked] == pytest.approx([0.63, 0.42, 0.307])
+
+
+def test_mmr_with_lambda_one_is_plain_total_order() -> None:
+    picked = mmr_select(
+        np.array([0.9, 0.85, 0.6]), np.array([[1.0, 0.0], [0.96, 0.28], [0.0, 1.0]]), 1.0, 2
+    )
+    assert picked == [(0, pytest.approx(0.9)), (1, pytest.approx(0.85))]
+
+
+def test_merge_pools_dedupes_first_scope_wins() -> None:
+    a, b = cand("a", [1, 0]), cand("b", [0, 1], scope="user")
+    a_again = cand("a", [1, 0], scope="global")
+    merged = merge_pools([[a], [b, a_again]])
+    assert [(c.id, c.scope) for c in merged] == [("a", "conversation"), ("b", "user")]
+
+
+def test_pool_size_is_top_k_times_multiplier_but_tells_small_stores_apart() -> None:
+    assert RankingParams(top_k=5).pool_size == 15
+    assert RankingParams(top_k=1).pool_size == 6  # small_store_size 5 + 1
+    assert pools_complete([[1, 2], []], 3) and not pools_complete([[1, 2, 3]], 3)
+
+
+def test_rank_full_pipeline_numbers() -> None:
+    params = RankingParams(
+        top_k=2, recency_weight=0.2, score_threshold=0.35, mmr_lambda=0.7, small_store_size=0
+    )
+    cands = [
+        cand("old", [1.0, 0.0], age_days=30),  # rel 0.8: total 0.64 + 0.2*e^-1 = 0.713576
+        cand("new", [0.0, 1.0], age_days=0),  # rel 0.8: total 0.64 + 0.2 = 0.84
+        cand("weak", [0.6, 0.8], age_days=0),  # rel 0.2: below threshold
+    ]
+    result = rank(cands, [0.8, 0.8, 0.2], params, NOW, complete=True)
+    assert result.outcome is Outcome.RANKED
+    assert result.considered == 3
+    assert [h.candidate.id for h in result.hits] == ["new", "old"]
+    new, old = result.hits
+    assert new.total == pytest.approx(0.84)
+    assert new.mmr == pytest.approx(0.7 * 0.84)
+    assert old.recency == pytest.approx(math.exp(-1))
+    assert old.total == pytest.approx(0.713576, abs=1e-6)
+    assert old.mmr == pytest.approx(0.7 * 0.713576, abs=1e-6)  # orthogonal to "new"
+
+
+def test_small_store_returns_all_newest_first_even_below_threshold() -> None:
+    params = RankingParams()
+    cands = [
+        cand("a", [1, 0], age_days=3),
+        cand("b", [0, 1], age_days=1),
+        cand("c", [1, 1], age_days=2),
+    ]
+    result = rank(cands, [0.1, 0.0, 0.9], params, NOW, complete=True)
+    assert result.outcome is Outcome.SMALL_STORE
+    assert [h.candidate.id for h in result.hits] == ["b", "c", "a"]
+    assert result.hits[0].relevance == 0.0  # scores still reported
+
+
+def test_small_store_needs_complete_pools() -> None:
+    cands = [cand("a", [1, 0]), cand("b", [0, 1])]
+    result = rank(cands, [0.9, 0.1], RankingParams(), NOW, complete=False)
+    assert result.outcome is Outcome.RANKED
+    assert [h.candidate.id for h in result.hits] == ["a"]
+
+
+def test_nothing_relevant_and_empty() -> None:
+    cands = [cand(str(i), [1, i]) for i in range(6)]
+    result = rank(cands, [0.1] * 6, RankingParams(), NOW, complete=True)
+    assert result.outcome is Outcome.NOTHING_RELEVANT
+    assert result.hits == [] and result.considered == 6
+    assert rank([], [], RankingParams(), NOW, complete=True).outcome is Outcome.EMPTY
+
+
+def test_rank_rejects_mismatched_relevance() -> None:
+    with pytest.raises(ValueError):
+        rank([cand("a", [1, 0])], [0.5, 0.5], RankingParams(), NOW, complete=True)
