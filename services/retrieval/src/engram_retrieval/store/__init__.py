@@ -1,0 +1,39 @@
+"""Vector store adapters behind one async interface (:class:`MemoryStore`)."""
+
+from __future__ import annotations
+
+from engram_retrieval.settings import RetrievalSettings
+from engram_retrieval.store.base import (
+    ForeignIdError,
+    MemoryStore,
+    Page,
+    PageCursor,
+    PointFilter,
+    StoredPoint,
+    StoreError,
+)
+
+__all__ = [
+    "ForeignIdError",
+    "MemoryStore",
+    "Page",
+    "PageCursor",
+    "PointFilter",
+    "StoreError",
+    "StoredPoint",
+    "open_store",
+]
+
+
+async def open_store(settings: RetrievalSettings, dim: int) -> MemoryStore:
+    """The Qdrant server store when ENGRAM_QDRANT_URL is set, else the embedded one."""
+    if settings.qdrant_url:
+        from engram_retrieval.store.qdrant import QdrantStore
+
+        api_key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
+        return await QdrantStore.open(
+            settings.qdrant_collection, dim, url=settings.qdrant_url, api_key=api_key
+        )
+    from engram_retrieval.store.edge import EdgeStore
+
+    return await EdgeStore.open(settings.edge_store_path, dim)

@@ -1,0 +1,171 @@
+"""The storage interface of the retrieval service, independent of the Qdrant flavour.
+
+Every read takes the tenant and every adapter puts it in the filter, so no code path
+can return or delete another tenant's points (retrieve/delete by id check it too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+DENSE_VECTOR = "dense"
+
+# (field, index type) created on open. tenant is the tenant index (Qdrant co-locates a
+# tenant's points); created_at is a datetime index (range filters, newest-first order).
+PAYLOAD_INDEXES: tuple[tuple[str, str], ...] = (
+    ("tenant", "tenant"),
+    ("user_id", "keyword"),
+    ("conversation_id", "keyword"),
+    ("kind", "keyword"),
+    ("role", "keyword"),
+    ("source_id", "keyword"),
+    ("tags", "keyword"),
+    ("superseded_by", "keyword"),
+    ("created_at", "datetime"),
+)
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used (bad path, incompatible collection...)."""
+
+
+class ForeignIdError(StoreError):
+    """An upsert names point ids that belong to another tenant."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__(f"ids already in use: {', '.join(ids)}")
+        self.ids = list(ids)
+
+
+@dataclass(frozen=True)
+class PointFilter:
+    """Which points a read may see. ``None``/empty fields do not constrain."""
+
+    tenant: str
+    user_id: str | None = None
+    conversation_id: str | None = None
+    exclude_conversation_ids: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # any of
+    source_ids: tuple[str, ...] = ()  # any of
+    role: str | None = None
+    include_superseded: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.tenant:
+            raise ValueError("a store filter always names the tenant")
+
+
+@dataclass
+class StoredPoint:
+    id: str
+    payload: dict[str, Any]
+    vector: np.ndarray | None = None
+    score: float | None = None  # cosine to the query, for search results
+
+    @property
+    def created_at(self) -> str:
+        return str(self.payload.get("created_at") or "")
+
+
+@dataclass(frozen=True)
+class PageCursor:
+    """Position in newest-first order: (created_at desc, id asc)."""
+
+    created_at: str
+    id: str
+
+
+@dataclass
+class Page:
+    points: list[StoredPoint] = field(default_factory=list)
+    next: PageCursor | None = None
+
+
+class MemoryStore(Protocol):
+    """Async access to the memory collection. Implementations: edge, qdrant."""
+
+    dim: int
+
+    async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
+        """Insert or replace the tenant's points (each with payload and vector).
+
+        Raises :class:`ForeignIdError`, writing nothing, when an id belongs to another
+        tenant: a write can never take over another tenant's point.
+        """
+        ...
+
+    async def search(
+        self, vector: np.ndarray, filters: Sequence[PointFilter], limit: int
+    ) -> list[list[StoredPoint]]:
+        """Dense nearest neighbours, one result list per filter, with payload and vector."""
+        ...
+
+    async def retrieve(
+        self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
+    ) -> list[StoredPoint]:
+        """The points among ``ids`` that exist and belong to ``tenant``."""
+        ...
+
+    async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
+        """Delete the tenant's points among ``ids``; returns the ids deleted."""
+        ...
+
+    async def list_page(
+        self, flt: PointFilter, limit: int, after: PageCursor | None = None
+    ) -> Page:
+        """Newest first (created_at desc, then id asc); ``next`` set when more follow."""
+        ...
+
+    async def count(self, flt: PointFilter) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+OrderedBefore = Callable[[PointFilter, str | None, int], Awaitable[list[StoredPoint]]]
+AtInstant = Callable[[PointFilter, str, str | None, int], Awaitable[list[StoredPoint]]]
+
+
+async def newest_first_page(
+    flt: PointFilter,
+    limit: int,
+    after: PageCursor | None,
+    ordered_before: OrderedBefore,
+    at_instant: AtInstant,
+) -> Page:
+    """Keyset pagination over (created_at desc, id asc) from two store primitives.
+
+    ``ordered_before(flt, ts, n)``: up to n points with created_at < ts (no bound when
+    None), newest first, ties in any order. ``at_instant(flt, ts, after_id, n)``: up to n
+    points with created_at == ts and id > after_id, in id order. Qdrant orders by a
+    payload field without a tie-break, so a timestamp shared by many points (a bulk
+    import) is paged by id instead, which Qdrant's plain scroll does natively.
+    """
+    want = limit + 1  # one more than asked tells whether a next page exists
+    out: list[StoredPoint] = []
+    before: str | None = None
+    if after is not None:
+        out.extend(await at_instant(flt, after.created_at, after.id, want))
+        before = after.created_at
+    if len(out) < want:
+        page = await ordered_before(flt, before, want - len(out))
+        if page:
+            boundary = page[-1].created_at
+            head = [p for p in page if p.created_at != boundary]
+            head.sort(key=lambda p: p.id)
+            head.sort(key=lambda p: p.created_at, reverse=True)
+            out.extend(head)
+            out.extend(await at_instant(flt, boundary, None, want - len(out)))
+    points = out[:limit]
+    more = len(out) > limit
+    next_cursor = PageCursor(points[-1].created_at, points[-1].id) if more and points else None
+    return Page(points=points, next=next_cursor)
+
+
+def foreign_ids(tenant: str, owners: Sequence[tuple[str, object]]) -> list[str]:
+    """Ids whose stored tenant differs from ``tenant``, from (id, stored tenant) pairs."""
+    return [point_id for point_id, owner in owners if owner != tenant]

@@ -1,0 +1,242 @@
+"""The server store: a Qdrant collection through ``qdrant_client.AsyncQdrantClient``.
+
+Used when ``ENGRAM_QDRANT_URL`` is set (Kubernetes, shared deployments). The same
+adapter runs on qdrant-client's local mode (``location=":memory:"`` or ``path``), which
+the contract tests use; local mode has no payload indexes, so none are created there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from qdrant_client import AsyncQdrantClient
+from qdrant_client import models as m
+
+from engram_retrieval.store.base import (
+    DENSE_VECTOR,
+    PAYLOAD_INDEXES,
+    ForeignIdError,
+    Page,
+    PageCursor,
+    PointFilter,
+    StoredPoint,
+    StoreError,
+    foreign_ids,
+    newest_first_page,
+)
+
+
+def to_qdrant_filter(
+    flt: PointFilter, *, before: str | None = None, at: str | None = None
+) -> m.Filter:
+    must: list[Any] = [m.FieldCondition(key="tenant", match=m.MatchValue(value=flt.tenant))]
+    must_not: list[Any] = []
+    if flt.user_id is not None:
+        must.append(m.FieldCondition(key="user_id", match=m.MatchValue(value=flt.user_id)))
+    if flt.conversation_id is not None:
+        must.append(
+            m.FieldCondition(key="conversation_id", match=m.MatchValue(value=flt.conversation_id))
+        )
+    if flt.exclude_conversation_ids:
+        must_not.append(
+            m.FieldCondition(
+                key="conversation_id", match=m.MatchAny(any=list(flt.exclude_conversation_ids))
+            )
+        )
+    if flt.kinds:
+        must.append(m.FieldCondition(key="kind", match=m.MatchAny(any=list(flt.kinds))))
+    if flt.tags:
+        must.append(m.FieldCondition(key="tags", match=m.MatchAny(any=list(flt.tags))))
+    if flt.source_ids:
+        must.append(m.FieldCondition(key="source_id", match=m.MatchAny(any=list(flt.source_ids))))
+    if flt.role is not None:
+        must.append(m.FieldCondition(key="role", match=m.MatchValue(value=flt.role)))
+    if not flt.include_superseded:
+        must.append(m.IsEmptyCondition(is_empty=m.PayloadField(key="superseded_by")))
+    if before is not None:
+        must.append(m.FieldCondition(key="created_at", range=m.DatetimeRange(lt=before)))
+    if at is not None:
+        must.append(m.FieldCondition(key="created_at", range=m.DatetimeRange(gte=at, lte=at)))
+    return m.Filter(must=must, must_not=must_not or None)
+
+
+def _vector_of(raw: Any) -> np.ndarray | None:
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        raw = raw.get(DENSE_VECTOR)
+        if raw is None:
+            return None
+    return np.asarray(raw, dtype=np.float32)
+
+
+def _point(record: Any, *, score: float | None = None) -> StoredPoint:
+    return StoredPoint(
+        id=str(record.id),
+        payload=dict(record.payload or {}),
+        vector=_vector_of(record.vector),
+        score=score,
+    )
+
+
+class QdrantStore:
+    """:class:`~engram_retrieval.store.base.MemoryStore` on a Qdrant collection."""
+
+    def __init__(self, client: AsyncQdrantClient, collection: str, dim: int) -> None:
+        self._client = client
+        self.collection = collection
+        self.dim = dim
+
+    @classmethod
+    async def open(
+        cls,
+        collection: str,
+        dim: int,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        location: str | None = None,
+        path: str | None = None,
+    ) -> QdrantStore:
+        """Connect (server ``url``, or local ``location``/``path``) and ensure the collection."""
+        local = url is None
+        client = AsyncQdrantClient(url=url, api_key=api_key, location=location, path=path)
+        try:
+            await _ensure_collection(client, collection, dim, indexes=not local)
+        except BaseException:
+            await client.close()
+            raise
+        return cls(client, collection, dim)
+
+    async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
+        if not points:
+            return
+        records = await self._client.retrieve(
+            self.collection, [p.id for p in points], with_payload=["tenant"], with_vectors=False
+        )
+        taken = foreign_ids(tenant, [(str(r.id), (r.payload or {}).get("tenant")) for r in records])
+        if taken:
+            raise ForeignIdError(taken)
+        structs = [
+            m.PointStruct(
+                id=p.id,
+                vector={DENSE_VECTOR: np.asarray(p.vector, dtype=np.float32).tolist()},
+                payload=p.payload,
+            )
+            for p in points
+        ]
+        await self._client.upsert(self.collection, structs, wait=True)
+
+    async def search(
+        self, vector: np.ndarray, filters: Sequence[PointFilter], limit: int
+    ) -> list[list[StoredPoint]]:
+        if not filters:
+            return []
+        query = np.asarray(vector, dtype=np.float32).tolist()
+        requests = [
+            m.QueryRequest(
+                query=query,
+                using=DENSE_VECTOR,
+                filter=to_qdrant_filter(f),
+                limit=limit,
+                with_payload=True,
+                with_vector=True,
+            )
+            for f in filters
+        ]
+        responses = await self._client.query_batch_points(self.collection, requests)
+        return [[_point(p, score=float(p.score)) for p in r.points] for r in responses]
+
+    async def retrieve(
+        self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
+    ) -> list[StoredPoint]:
+        if not ids:
+            return []
+        records = await self._client.retrieve(
+            self.collection, list(ids), with_payload=True, with_vectors=with_vectors
+        )
+        points = [_point(r) for r in records]
+        return [p for p in points if p.payload.get("tenant") == tenant]
+
+    async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
+        owned = [p.id for p in await self.retrieve(tenant, ids)]
+        if owned:
+            await self._client.delete(
+                self.collection, m.PointIdsList(points=list(owned)), wait=True
+            )
+        return owned
+
+    async def list_page(
+        self, flt: PointFilter, limit: int, after: PageCursor | None = None
+    ) -> Page:
+        return await newest_first_page(flt, limit, after, self._ordered_before, self._at)
+
+    async def _ordered_before(
+        self, flt: PointFilter, before: str | None, limit: int
+    ) -> list[StoredPoint]:
+        records, _ = await self._client.scroll(
+            self.collection,
+            scroll_filter=to_qdrant_filter(flt, before=before),
+            limit=limit,
+            order_by=m.OrderBy(key="created_at", direction=m.Direction.DESC),
+            with_payload=True,
+            with_vectors=False,
+        )
+        return [_point(r) for r in records]
+
+    async def _at(
+        self, flt: PointFilter, instant: str, after_id: str | None, limit: int
+    ) -> list[StoredPoint]:
+        records, _ = await self._client.scroll(
+            self.collection,
+            scroll_filter=to_qdrant_filter(flt, at=instant),
+            offset=after_id,
+            limit=limit + (1 if after_id else 0),
+            with_payload=True,
+            with_vectors=False,
+        )
+        points = [_point(r) for r in records]
+        return [p for p in points if p.id != after_id][:limit]
+
+    async def count(self, flt: PointFilter) -> int:
+        result = await self._client.count(
+            self.collection, count_filter=to_qdrant_filter(flt), exact=True
+        )
+        return int(result.count)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+async def _ensure_collection(
+    client: AsyncQdrantClient, collection: str, dim: int, *, indexes: bool
+) -> None:
+    if await client.collection_exists(collection):
+        info = await client.get_collection(collection)
+        vectors = info.config.params.vectors
+        params = vectors.get(DENSE_VECTOR) if isinstance(vectors, dict) else None
+        if params is None or params.size != dim:
+            found = params.size if params is not None else "none"
+            raise StoreError(
+                f"collection {collection!r} has dense vector size {found}, the embedder "
+                f"produces {dim}; use another ENGRAM_QDRANT_COLLECTION or re-embed"
+            )
+    else:
+        await client.create_collection(
+            collection,
+            vectors_config={DENSE_VECTOR: m.VectorParams(size=dim, distance=m.Distance.COSINE)},
+        )
+    if not indexes:
+        return
+    for name, kind in PAYLOAD_INDEXES:
+        schema: Any
+        if kind == "tenant":
+            schema = m.KeywordIndexParams(type=m.KeywordIndexType.KEYWORD, is_tenant=True)
+        elif kind == "datetime":
+            schema = m.PayloadSchemaType.DATETIME
+        else:
+            schema = m.PayloadSchemaType.KEYWORD
+        # Idempotent on the server: an existing index of the same type is kept.
+        await client.create_payload_index(collection, name, field_schema=schema, wait=True)

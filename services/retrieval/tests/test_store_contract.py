@@ -1,0 +1,210 @@
+"""One contract, both adapters: the embedded Qdrant Edge shard and qdrant-client
+(local mode, the same code path as a Qdrant server apart from payload indexes)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engram_retrieval.store import (
+    ForeignIdError,
+    MemoryStore,
+    PointFilter,
+    StoredPoint,
+    StoreError,
+)
+from engram_retrieval.store.edge import EdgeStore
+from engram_retrieval.store.qdrant import QdrantStore
+
+DIM = 4
+
+
+def pid(n: int) -> str:
+    return str(uuid.UUID(int=n))
+
+
+def point(
+    n: int,
+    tenant: str = "a",
+    *,
+    vector: list[float] | None = None,
+    created: str = "2025-01-01T00:00:00.000000Z",
+    **payload: object,
+) -> StoredPoint:
+    body: dict[str, object] = {
+        "tenant": tenant,
+        "user_id": "u1",
+        "conversation_id": "c1",
+        "kind": "fact",
+        "text": f"memory {n}",
+        "role": "",
+        "created_at": created,
+        "source_id": f"s{n}",
+        "tags": [],
+        "superseded_by": None,
+    }
+    body.update(payload)
+    return StoredPoint(
+        id=pid(n),
+        payload=body,
+        vector=np.array(vector or [1.0, n / 10, 0.0, 0.5], dtype=np.float32),
+    )
+
+
+@pytest.fixture(params=["edge", "qdrant"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryStore]:
+    if request.param == "edge":
+        opened: MemoryStore = await EdgeStore.open(tmp_path / "shard", DIM)
+    else:
+        opened = await QdrantStore.open("memories", DIM, location=":memory:")
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def test_upsert_retrieve_is_tenant_scoped(store: MemoryStore) -> None:
+    await store.upsert("a", [point(1), point(2)])
+    await store.upsert("b", [point(3, tenant="b")])
+    got = await store.retrieve("a", [pid(1), pid(2), pid(3), pid(99)], with_vectors=True)
+    assert sorted(p.id for p in got) == [pid(1), pid(2)]
+    assert got[0].payload["tenant"] == "a" and got[0].vector is not None
+    assert np.linalg.norm(got[0].vector) == pytest.approx(1.0, abs=1e-5)
+    assert await store.retrieve("b", [pid(1)]) == []
+    without = await store.retrieve("a", [pid(1)])
+    assert without[0].vector is None
+
+
+async def test_upsert_refuses_another_tenants_id(store: MemoryStore) -> None:
+    await store.upsert("a", [point(1)])
+    with pytest.raises(ForeignIdError) as exc:
+        await store.upsert("b", [point(2, tenant="b"), point(1, tenant="b", text="hijack")])
+    assert exc.value.ids == [pid(1)]
+    (kept,) = await store.retrieve("a", [pid(1)])
+    assert kept.payload["text"] == "memory 1"
+    assert await store.retrieve("b", [pid(2)]) == []  # nothing written
+
+
+async def test_upsert_replaces(store: MemoryStore) -> None:
+    await store.upsert("a", [point(1)])
+    await store.upsert("a", [point(1, text="changed")])
+    (got,) = await store.retrieve("a", [pid(1)])
+    assert got.payload["text"] == "changed"
+    assert await store.count(PointFilter(tenant="a")) == 1
+
+
+async def test_search_filters_and_batches(store: MemoryStore) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, vector=[1, 0, 0, 0]),
+            point(2, vector=[0.9, 0.1, 0, 0], conversation_id="c2"),
+            point(3, vector=[0.8, 0.2, 0, 0], kind="summary"),
+            point(4, vector=[1, 0, 0, 0], superseded_by=pid(1)),
+            point(5, vector=[0.7, 0.3, 0, 0], conversation_id="global", user_id=""),
+        ],
+    )
+    await store.upsert("b", [point(6, tenant="b", vector=[1, 0, 0, 0])])
+    query = np.array([1, 0, 0, 0], dtype=np.float32)
+    conv = PointFilter(tenant="a", conversation_id="c1", kinds=("fact",))
+    user = PointFilter(tenant="a", user_id="u1", exclude_conversation_ids=("c1", "global"))
+    glob = PointFilter(tenant="a", conversation_id="global")
+    every = PointFilter(tenant="a", include_superseded=True)
+    pools = await store.search(query, [conv, user, glob, every], limit=10)
+    assert [[p.id for p in pool] for pool in pools[:3]] == [[pid(1)], [pid(2)], [pid(5)]]
+    assert {p.id for p in pools[3]} == {pid(n) for n in (1, 2, 3, 4, 5)}
+    top = pools[0][0]
+    assert top.score == pytest.approx(1.0, abs=1e-5)
+    assert top.vector is not None and top.vector.shape == (DIM,)
+    assert top.payload["source_id"] == "s1"
+    limited = await store.search(query, [every], limit=2)
+    assert [p.score for p in limited[0]] == sorted((p.score for p in limited[0]), reverse=True)
+    assert len(limited[0]) == 2
+
+
+async def test_payload_filters(store: MemoryStore) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, tags=["x", "y"], role="user"),
+            point(2, tags=["y"], role="assistant", kind="turn"),
+            point(3, tags=[], role="user", kind="turn"),
+        ],
+    )
+    assert await store.count(PointFilter(tenant="a", tags=("x",))) == 1
+    assert await store.count(PointFilter(tenant="a", tags=("y", "x"))) == 2
+    assert await store.count(PointFilter(tenant="a", role="user")) == 2
+    assert await store.count(PointFilter(tenant="a", kinds=("turn",))) == 2
+    assert await store.count(PointFilter(tenant="a", source_ids=("s1", "s3"))) == 2
+    assert await store.count(PointFilter(tenant="b")) == 0
+
+
+async def test_delete_only_own_points(store: MemoryStore) -> None:
+    await store.upsert("a", [point(1), point(2)])
+    await store.upsert("b", [point(3, tenant="b")])
+    assert await store.delete("b", [pid(1), pid(3)]) == [pid(3)]
+    assert sorted(await store.delete("a", [pid(1), pid(2), pid(7)])) == [pid(1), pid(2)]
+    assert await store.count(PointFilter(tenant="a", include_superseded=True)) == 0
+
+
+async def test_list_pages_newest_first_with_ties(store: MemoryStore) -> None:
+    stamps = {
+        1: "2025-01-03",
+        2: "2025-01-02",
+        3: "2025-01-02",
+        4: "2025-01-02",
+        5: "2025-01-01",
+        6: "2025-01-05",
+        7: "2025-01-02",
+    }
+    await store.upsert(
+        "a", [point(n, created=f"{day}T10:00:00.000000Z") for n, day in stamps.items()]
+    )
+    await store.upsert("b", [point(8, tenant="b", created="2025-01-09T00:00:00.000000Z")])
+    expected = [pid(6), pid(1), pid(2), pid(3), pid(4), pid(7), pid(5)]
+    flt = PointFilter(tenant="a")
+    for size in (1, 2, 3, 7, 50):
+        seen: list[str] = []
+        page = await store.list_page(flt, size)
+        seen += [p.id for p in page.points]
+        while page.next is not None:
+            page = await store.list_page(flt, size, page.next)
+            seen += [p.id for p in page.points]
+        assert seen == expected, size
+    last = await store.list_page(flt, 7)
+    assert last.next is None
+
+
+async def test_list_excludes_superseded_unless_asked(store: MemoryStore) -> None:
+    await store.upsert("a", [point(1), point(2, superseded_by=pid(1))])
+    assert [p.id for p in (await store.list_page(PointFilter(tenant="a"), 10)).points] == [pid(1)]
+    everything = await store.list_page(PointFilter(tenant="a", include_superseded=True), 10)
+    assert {p.id for p in everything.points} == {pid(1), pid(2)}
+
+
+async def test_edge_store_persists_across_reopen(tmp_path: Path) -> None:
+    first = await EdgeStore.open(tmp_path / "shard", DIM)
+    await first.upsert("a", [point(1)])
+    await first.close()
+    second = await EdgeStore.open(tmp_path / "shard", DIM)
+    try:
+        assert [p.id for p in await second.retrieve("a", [pid(1)])] == [pid(1)]
+    finally:
+        await second.close()
+
+
+async def test_stores_reject_an_existing_collection_of_another_size(tmp_path: Path) -> None:
+    edge = await EdgeStore.open(tmp_path / "shard", DIM)
+    await edge.close()
+    with pytest.raises(StoreError, match="expected vector size 8, but got 4"):
+        await EdgeStore.open(tmp_path / "shard", 8)
+
+    path = str(tmp_path / "local")
+    local = await QdrantStore.open("memories", DIM, path=path)
+    await local.close()
+    with pytest.raises(StoreError, match="vector size 4"):
+        await QdrantStore.open("memories", 8, path=path)
