@@ -35,7 +35,8 @@ class IngestSettings(WorkerSettings):
 
 def turn_memory_id(tenant: str, conversation_id: str, turn_id: str) -> str:
     """The point id of a turn: the same turn always maps to the same memory."""
-    # The separator cannot occur in the parts, so ("a.b", "c") and ("a", "b.c") differ.
+    # Joined with the ASCII unit separator, which ids do not contain, so ("a.b", "c")
+    # and ("a", "b.c") stay distinct.
     return str(uuid.uuid5(TURN_ID_NAMESPACE, "\x1f".join((tenant, conversation_id, turn_id))))
 
 

@@ -108,7 +108,10 @@ class WorkerSettings(EngramSettings):
     fetch_timeout_s: float = Field(
         default=5.0, gt=0, description="How long one pull request waits for messages."
     )
-    health_host: str = Field(default="0.0.0.0", description="Address of the health endpoint.")
+    health_host: str = Field(
+        default="127.0.0.1",
+        description="Bind address of the health endpoint (0.0.0.0 in a pod, for the kubelet).",
+    )
     health_port: int = Field(
         default=0, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
     )
