@@ -75,8 +75,8 @@ def configure_logging(service: str, level: str = "info", fmt: str = "auto") -> N
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
-    # uvicorn installs its own handlers; route them through ours instead.
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    # uvicorn and FastStream install their own handlers; route them through ours instead.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "faststream"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
 

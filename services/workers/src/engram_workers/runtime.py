@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -491,11 +490,6 @@ def run_worker(spec: WorkerSpec[Any], settings_cls: type[WorkerSettings]) -> Non
     """A worker's ``main``: settings, logging, tracing, then serve until SIGTERM/SIGINT."""
     settings = load_settings(settings_cls)
     configure_logging(spec.service_name, settings.log_level, settings.log_format)
-    # FastStream's module logger prints its own text lines to stderr; send them through
-    # the structlog formatter like every other library's.
-    faststream_logger = logging.getLogger("faststream")
-    faststream_logger.handlers[:] = []
-    faststream_logger.propagate = True
     telemetry = setup_telemetry(spec.service_name, settings.traces_file)
     try:
         asyncio.run(_serve_until_signalled(spec, settings))
