@@ -1,0 +1,26 @@
+"""``engram-retrieval``: run the retrieval service (configured by ``ENGRAM_*`` variables)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from engram_core.logging import get_logger
+from engram_core.settings import load_settings
+from engram_retrieval.embedder import ModelFilesError
+from engram_retrieval.server import StartupError, serve
+from engram_retrieval.settings import RetrievalSettings
+from engram_retrieval.store import StoreError
+
+
+def main() -> None:
+    settings = load_settings(RetrievalSettings)
+    try:
+        asyncio.run(serve(settings))
+    except (ModelFilesError, StartupError, StoreError) as exc:
+        get_logger("engram.retrieval").error("retrieval failed to start", error=str(exc))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Process wiring: models and store opened at start-up, gRPC server, health, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry import trace
+
+from engram_core.logging import configure_logging, get_logger
+from engram_core.proto import pb_grpc
+from engram_core.retrieval_client import SERVICE_NAME
+from engram_core.telemetry import instrument_grpc_server, setup_telemetry
+from engram_retrieval.embedder import Embedder
+from engram_retrieval.ranking import RankingParams
+from engram_retrieval.relevance import (
+    CalibratedSimilarityScorer,
+    CrossEncoderScorer,
+    RelevanceScorer,
+)
+from engram_retrieval.service import MemoryServicer
+from engram_retrieval.settings import RetrievalSettings
+from engram_retrieval.store import MemoryStore, open_store
+
+log = get_logger("engram.retrieval")
+
+_MAX_MESSAGE = 64 * 1024 * 1024
+
+
+class StartupError(RuntimeError):
+    """The service cannot start (address in use...)."""
+
+
+def load_embedder(settings: RetrievalSettings) -> Embedder:
+    return Embedder.default(
+        max_length=settings.embed_max_length,
+        batch_size=settings.embed_batch_size,
+        threads=settings.embed_threads,
+    )
+
+
+def load_scorer(settings: RetrievalSettings) -> RelevanceScorer:
+    if settings.reranker_path is None:
+        return CalibratedSimilarityScorer()
+    return CrossEncoderScorer(
+        settings.reranker_path,
+        max_length=settings.reranker_max_length,
+        batch_size=settings.reranker_batch_size,
+        threads=settings.embed_threads,
+    )
+
+
+def ranking_defaults(settings: RetrievalSettings) -> RankingParams:
+    return RankingParams(
+        top_k=settings.search_top_k,
+        recency_weight=settings.search_recency_weight,
+        score_threshold=settings.search_score_threshold,
+        mmr_lambda=settings.search_mmr_lambda,
+        half_life_days=settings.recency_half_life_days,
+        small_store_size=settings.small_store_size,
+        candidate_multiplier=settings.candidate_multiplier,
+    )
+
+
+@dataclass
+class RunningServer:
+    """A started server; ``address`` is host:port with the port actually bound."""
+
+    server: grpc.aio.Server
+    port: int
+    address: str
+    store: MemoryStore
+    health: health.aio.HealthServicer
+    servicer: MemoryServicer
+    grace_s: float
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Report NOT_SERVING, drain in-flight calls for ``grace_s``, close the store."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.grace_s if grace_s is None else grace_s)
+        await self.store.close()
+
+
+async def build_server(
+    settings: RetrievalSettings,
+    *,
+    embedder: Embedder | None = None,
+    scorer: RelevanceScorer | None = None,
+    tracer: trace.Tracer | None = None,
+    clock: Callable[[], datetime] | None = None,
+) -> RunningServer:
+    """Load models, open the store, start serving on ``settings.retrieval_listen``.
+
+    Port 0 binds a free port (see ``RunningServer.port``). ``embedder``/``scorer`` may
+    be passed in to share already-loaded models (tests).
+    """
+    instrument_grpc_server()  # patches grpc.aio.server, so before creating one
+    if embedder is None:
+        embedder = await asyncio.to_thread(load_embedder, settings)
+    if scorer is None:
+        scorer = await asyncio.to_thread(load_scorer, settings)
+    store = await open_store(settings, embedder.dim)
+    try:
+        health_servicer = health.aio.HealthServicer()
+        for name in (SERVICE_NAME, health.OVERALL_HEALTH):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        servicer = MemoryServicer(
+            store, embedder, scorer, ranking_defaults(settings), tracer=tracer, clock=clock
+        )
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ]
+        )
+        pb_grpc.add_MemoryServiceServicer_to_server(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        try:
+            port = server.add_insecure_port(settings.retrieval_listen)
+        except RuntimeError as exc:  # grpc reports a failed bind this way
+            raise StartupError(f"cannot listen on {settings.retrieval_listen}: {exc}") from exc
+        if port == 0:
+            raise StartupError(f"cannot listen on {settings.retrieval_listen}")
+        await server.start()
+    except BaseException:
+        await store.close()
+        raise
+    for name in (SERVICE_NAME, health.OVERALL_HEALTH):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    host = settings.retrieval_listen.rpartition(":")[0]
+    return RunningServer(
+        server=server,
+        port=port,
+        address=f"{host}:{port}",
+        store=store,
+        health=health_servicer,
+        servicer=servicer,
+        grace_s=settings.shutdown_grace_s,
+    )
+
+
+async def serve(settings: RetrievalSettings) -> None:
+    """Run the retrieval service until SIGTERM/SIGINT, then shut down gracefully."""
+    configure_logging("retrieval", settings.log_level, settings.log_format)
+    telemetry = setup_telemetry("engram-retrieval", settings.traces_file)
+    try:
+        instrument_grpc_server()
+        running = await build_server(settings)
+        log.info(
+            "retrieval listening",
+            address=running.address,
+            store="qdrant" if settings.qdrant_url else "edge",
+            scorer=running.servicer.scorer.name,
+            embedding_model=running.servicer.embedder.model_id,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("retrieval stopping", grace_s=settings.shutdown_grace_s)
+        await running.stop()
+        log.info("retrieval stopped")
+    finally:
+        telemetry.shutdown()

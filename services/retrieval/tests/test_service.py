@@ -1,0 +1,456 @@
+"""The MemoryService through a real in-process grpc.aio server and RetrievalClient."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from engram_core.proto import pb, to_timestamp
+from engram_core.retrieval_client import RetrievalClient
+from engram_retrieval.embedder import Embedder
+from engram_retrieval.server import RunningServer, build_server
+from engram_retrieval.settings import RetrievalSettings
+
+FIXED_NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+FACTS = [
+    "My dog is called Biscuit.",
+    "I moved to Lisbon last year.",
+    "I have a severe peanut allergy.",
+    "My sister Anna was born on March 3rd.",
+    "I mostly write Rust and prefer it over Go.",
+    "The user drives a blue Toyota Corolla.",
+    "I love hiking in the mountains on weekends.",
+]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> RetrievalSettings:
+    return RetrievalSettings(data_dir=tmp_path / "data", retrieval_listen="127.0.0.1:0")
+
+
+@pytest.fixture
+async def server(
+    settings: RetrievalSettings, embedder: Embedder, tracer_provider: TracerProvider
+) -> AsyncIterator[RunningServer]:
+    running = await build_server(
+        settings,
+        embedder=embedder,
+        tracer=tracer_provider.get_tracer("test"),
+        clock=lambda: FIXED_NOW,
+    )
+    try:
+        yield running
+    finally:
+        await running.stop(grace_s=0)
+
+
+@pytest.fixture
+async def client(server: RunningServer) -> AsyncIterator[RetrievalClient]:
+    retrieval = RetrievalClient(server.address, timeout_s=30)
+    try:
+        yield retrieval
+    finally:
+        await retrieval.close()
+
+
+def fact(
+    text: str,
+    *,
+    days_ago: float = 1.0,
+    conversation: str = "c1",
+    user: str = "u1",
+    **fields: object,
+) -> pb.Memory:
+    fields.setdefault("created_at", to_timestamp(FIXED_NOW - timedelta(days=days_ago)))
+    return pb.Memory(
+        kind=pb.MEMORY_KIND_FACT, text=text, user_id=user, conversation_id=conversation, **fields
+    )
+
+
+async def store_facts(client: RetrievalClient, tenant: str = "acme") -> list[str]:
+    reply = await client.upsert(
+        pb.UpsertRequest(
+            tenant=tenant, memories=[fact(t, days_ago=i + 1) for i, t in enumerate(FACTS)]
+        )
+    )
+    return [r.id for r in reply.results]
+
+
+async def expect_invalid(call: object, match: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await call  # type: ignore[misc]
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert match in (exc.value.details() or "")
+
+
+async def test_health_is_serving(client: RetrievalClient) -> None:
+    assert await client.is_serving()
+
+
+async def test_upsert_then_search_with_score_breakdown(client: RetrievalClient) -> None:
+    created = FIXED_NOW - timedelta(days=3, microseconds=5)
+    reply = await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                fact(
+                    "My dog is called Biscuit.", source_id="dia:7", created_at=to_timestamp(created)
+                ),
+                *(fact(t) for t in FACTS[1:]),
+            ],
+        )
+    )
+    assert [r.status for r in reply.results] == [pb.UPSERT_STATUS_CREATED] * len(FACTS)
+    result = await client.search(
+        pb.SearchRequest(
+            tenant="acme", query="What is my dog's name?", user_id="u1", conversation_id="c1"
+        )
+    )
+    assert result.outcome == pb.SEARCH_OUTCOME_RANKED
+    assert result.candidates_considered == len(FACTS)
+    top = result.hits[0]
+    assert top.memory.text == "My dog is called Biscuit."
+    assert top.memory.id == reply.results[0].id
+    assert top.memory.source_id == "dia:7"
+    assert top.memory.created_at.ToDatetime(tzinfo=UTC) == created
+    assert top.memory.embedding_model == "all-MiniLM-L6-v2-onnx-int8"
+    assert top.scope == pb.SCOPE_CONVERSATION
+    s = top.scores
+    assert 0.4 < s.dense < 1 and s.relevance > 0.35 and not s.HasField("sparse")
+    assert s.recency == pytest.approx(2.718281828 ** (-3 / 30), rel=1e-4)
+    assert s.total == pytest.approx(0.8 * s.relevance + 0.2 * s.recency, rel=1e-5)
+    assert s.mmr == pytest.approx(0.7 * s.total, rel=1e-5)
+    assert all(h.scores.relevance >= 0.35 for h in result.hits)
+    assert result.timings.total_ms >= result.timings.embed_ms > 0
+
+
+async def test_repeated_upsert_is_unchanged_and_no_duplicate(client: RetrievalClient) -> None:
+    memories = [fact(t) for t in FACTS[:3]] + [
+        pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text="hello", source_id="t-1")
+    ]
+    first = await client.upsert(pb.UpsertRequest(tenant="acme", memories=memories))
+    again = await client.upsert(pb.UpsertRequest(tenant="acme", memories=memories))
+    assert [r.id for r in again.results] == [r.id for r in first.results]
+    assert {r.status for r in again.results} == {pb.UPSERT_STATUS_UNCHANGED}
+    assert (await client.count(pb.CountRequest(tenant="acme"))).count == 4
+    # the same source_id with new text updates the same point, keeping created_at
+    before = await client.get(pb.GetRequest(tenant="acme", ids=[first.results[3].id]))
+    edited = pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text="hello there", source_id="t-1")
+    reply = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[edited]))
+    assert reply.results[0].status == pb.UPSERT_STATUS_UPDATED
+    assert reply.results[0].id == first.results[3].id
+    after = await client.get(pb.GetRequest(tenant="acme", ids=[reply.results[0].id]))
+    assert after.memories[0].text == "hello there"
+    assert after.memories[0].created_at == before.memories[0].created_at
+    assert (await client.count(pb.CountRequest(tenant="acme"))).count == 4
+
+
+async def test_tenant_isolation(client: RetrievalClient) -> None:
+    ids = await store_facts(client, "acme")
+    get = await client.get(pb.GetRequest(tenant="evil", ids=ids[:2]))
+    assert list(get.memories) == [] and list(get.missing_ids) == ids[:2]
+    search = await client.search(
+        pb.SearchRequest(tenant="evil", query="dog", user_id="u1", conversation_id="c1")
+    )
+    assert search.outcome == pb.SEARCH_OUTCOME_EMPTY and not search.hits
+    listed = await client.list(pb.ListRequest(tenant="evil"))
+    assert list(listed.memories) == []
+    assert (await client.count(pb.CountRequest(tenant="evil"))).count == 0
+    deleted = await client.delete(pb.DeleteRequest(tenant="evil", ids=ids[:1]))
+    assert list(deleted.deleted_ids) == [] and list(deleted.missing_ids) == ids[:1]
+    with pytest.raises(grpc.aio.AioRpcError) as exc:  # nor overwrite it by id
+        await client.upsert(
+            pb.UpsertRequest(
+                tenant="evil", memories=[pb.Memory(id=ids[0], kind=pb.MEMORY_KIND_FACT, text="x")]
+            )
+        )
+    assert exc.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    still = await client.get(pb.GetRequest(tenant="acme", ids=ids[:1]))
+    assert still.memories[0].text == FACTS[0]
+    mine = await client.delete(pb.DeleteRequest(tenant="acme", ids=[ids[0], "not-a-uuid"]))
+    assert list(mine.deleted_ids) == ids[:1] and list(mine.missing_ids) == ["not-a-uuid"]
+
+
+async def test_now_shifts_recency(client: RetrievalClient) -> None:
+    await store_facts(client)
+    request = pb.SearchRequest(tenant="acme", query="What is my dog's name?", conversation_id="c1")
+    today = await client.search(request)
+    request.now.CopyFrom(to_timestamp(FIXED_NOW + timedelta(days=29)))
+    later = await client.search(request)
+    hit_now, hit_later = today.hits[0], later.hits[0]
+    assert hit_now.memory.id == hit_later.memory.id
+    assert hit_now.scores.recency == pytest.approx(2.718281828 ** (-1 / 30), rel=1e-4)
+    assert hit_later.scores.recency == pytest.approx(2.718281828 ** (-1), rel=1e-4)
+    assert hit_later.scores.total < hit_now.scores.total
+
+
+async def test_outcomes_small_store_nothing_relevant_empty(client: RetrievalClient) -> None:
+    empty = await client.search(pb.SearchRequest(tenant="acme", query="anything"))
+    assert empty.outcome == pb.SEARCH_OUTCOME_EMPTY
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                fact("I have a severe peanut allergy.", days_ago=2),
+                fact("I like jazz.", days_ago=1),
+            ],
+        )
+    )
+    small = await client.search(
+        pb.SearchRequest(tenant="acme", query="quantum chromodynamics", conversation_id="c1")
+    )
+    assert small.outcome == pb.SEARCH_OUTCOME_SMALL_STORE
+    assert [h.memory.text for h in small.hits] == [
+        "I like jazz.",
+        "I have a severe peanut allergy.",
+    ]
+    await store_facts(client)
+    nothing = await client.search(
+        pb.SearchRequest(
+            tenant="acme", query="quantum chromodynamics lattice gauge theory", conversation_id="c1"
+        )
+    )
+    assert nothing.outcome == pb.SEARCH_OUTCOME_NOTHING_RELEVANT
+    assert not nothing.hits and nothing.candidates_considered == len(FACTS) + 2
+
+
+async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                *(fact(t) for t in FACTS),
+                fact("My dog Biscuit is a beagle.", conversation="c2"),
+                fact("Dogs are welcome in the office.", conversation="global", user=""),
+                fact("Another user's dog is named Rex.", conversation="c9", user="u2"),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_SUMMARY,
+                    conversation_id="c1",
+                    text="We talked about pets.",
+                    created_at=to_timestamp(FIXED_NOW - timedelta(days=2)),
+                ),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_SUMMARY,
+                    conversation_id="c1",
+                    text="Pets and travel.",
+                    created_at=to_timestamp(FIXED_NOW - timedelta(days=1)),
+                ),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_PROFILE,
+                    user_id="u1",
+                    profile=pb.ProfileEntry(
+                        category="identity", key="name", value="Sam", confidence=0.9
+                    ),
+                ),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_PROFILE,
+                    user_id="u1",
+                    profile=pb.ProfileEntry(
+                        category="identity", key="name", value="Samuel", confidence=0.5
+                    ),
+                ),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_PROFILE,
+                    user_id="u2",
+                    profile=pb.ProfileEntry(
+                        category="identity", key="name", value="Kim", confidence=0.9
+                    ),
+                ),
+            ],
+        )
+    )
+    result = await client.search(
+        pb.SearchRequest(
+            tenant="acme",
+            query="Tell me about my dog",
+            user_id="u1",
+            conversation_id="c1",
+            top_k=10,
+            score_threshold=0.3,
+        )
+    )
+    scopes = {h.memory.text: h.scope for h in result.hits}
+    assert scopes["My dog is called Biscuit."] == pb.SCOPE_CONVERSATION
+    assert scopes["My dog Biscuit is a beagle."] == pb.SCOPE_USER
+    assert scopes["Dogs are welcome in the office."] == pb.SCOPE_GLOBAL
+    assert "Another user's dog is named Rex." not in scopes
+    assert all(h.memory.kind == pb.MEMORY_KIND_FACT for h in result.hits)
+    assert result.summary.text == "Pets and travel."
+    assert [(p.profile.key, p.profile.value) for p in result.profile] == [("name", "Sam")]
+    only_conv = await client.search(
+        pb.SearchRequest(
+            tenant="acme",
+            query="Tell me about my dog",
+            user_id="u1",
+            conversation_id="c1",
+            scopes=[pb.SCOPE_CONVERSATION],
+            score_threshold=0.3,
+        )
+    )
+    assert {h.scope for h in only_conv.hits} == {pb.SCOPE_CONVERSATION}
+
+
+async def test_superseded_leave_default_search_and_list(client: RetrievalClient) -> None:
+    ids = await store_facts(client)
+    old = (await client.get(pb.GetRequest(tenant="acme", ids=[ids[0]]))).memories[0]
+    new = await client.upsert(
+        pb.UpsertRequest(tenant="acme", memories=[fact("My dog is called Pretzel now.")])
+    )
+    old.superseded_by = new.results[0].id
+    reply = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[old]))
+    assert reply.results[0].status == pb.UPSERT_STATUS_UPDATED
+    request = pb.SearchRequest(
+        tenant="acme", query="What is my dog's name?", conversation_id="c1", top_k=10
+    )
+    texts = [h.memory.text for h in (await client.search(request)).hits]
+    assert "My dog is called Pretzel now." in texts and FACTS[0] not in texts
+    request.include_superseded = True
+    assert FACTS[0] in [h.memory.text for h in (await client.search(request)).hits]
+    listed = await client.list(pb.ListRequest(tenant="acme", page_size=100))
+    assert ids[0] not in [m.id for m in listed.memories]
+    listed = await client.list(
+        pb.ListRequest(
+            tenant="acme", filter=pb.MemoryFilter(include_superseded=True), page_size=100
+        )
+    )
+    assert ids[0] in [m.id for m in listed.memories]
+
+
+async def test_list_pages_and_count(client: RetrievalClient) -> None:
+    ids = await store_facts(client)
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text="hi", conversation_id="c1")
+            ],
+        )
+    )
+    seen: list[str] = []
+    token = ""
+    while True:
+        page = await client.list(
+            pb.ListRequest(
+                tenant="acme",
+                page_size=3,
+                page_token=token,
+                filter=pb.MemoryFilter(kinds=[pb.MEMORY_KIND_FACT]),
+            )
+        )
+        seen += [m.id for m in page.memories]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == ids  # FACTS[i] is i+1 days old: newest first is request order
+    count = await client.count(pb.CountRequest(tenant="acme"))
+    assert count.count == len(FACTS) + 1
+    assert count.by_kind["fact"] == len(FACTS) and count.by_kind["turn"] == 1
+    only_turns = await client.count(
+        pb.CountRequest(
+            tenant="acme", filter=pb.MemoryFilter(kinds=[pb.MEMORY_KIND_TURN], role="user")
+        )
+    )
+    assert only_turns.count == 1 and dict(only_turns.by_kind) == {"turn": 1}
+
+
+async def test_invalid_requests(client: RetrievalClient) -> None:
+    await expect_invalid(client.search(pb.SearchRequest(query="x")), "tenant is required")
+    await expect_invalid(
+        client.search(pb.SearchRequest(tenant="a", query="x", top_k=0)),
+        "top_k must be within [1, 100]",
+    )
+    await expect_invalid(client.search(pb.SearchRequest(tenant="a", query="x", top_k=101)), "top_k")
+    await expect_invalid(
+        client.search(pb.SearchRequest(tenant="a", query="x", recency_weight=1.5)), "recency_weight"
+    )
+    await expect_invalid(
+        client.search(pb.SearchRequest(tenant="a", query="x", mmr_lambda=-0.1)), "mmr_lambda"
+    )
+    await expect_invalid(
+        client.search(pb.SearchRequest(tenant="a", query="x", score_threshold=2)), "score_threshold"
+    )
+    await expect_invalid(
+        client.search(pb.SearchRequest(tenant="a", query="x", kinds=[42])), "unknown memory kind 42"
+    )
+    await expect_invalid(client.search(pb.SearchRequest(tenant="a", query="  ")), "query")
+    await expect_invalid(client.upsert(pb.UpsertRequest(memories=[fact("x")])), "tenant")
+    await expect_invalid(
+        client.upsert(pb.UpsertRequest(tenant="a", memories=[pb.Memory(text="x")])),
+        "memories[0].kind",
+    )
+    await expect_invalid(
+        client.upsert(
+            pb.UpsertRequest(
+                tenant="a", memories=[pb.Memory(kind=pb.MEMORY_KIND_FACT, text="x", tenant="b")]
+            )
+        ),
+        "tenant differs",
+    )
+    await expect_invalid(
+        client.upsert(
+            pb.UpsertRequest(
+                tenant="a", memories=[pb.Memory(kind=pb.MEMORY_KIND_FACT, text="x", id="nope")]
+            )
+        ),
+        "not a UUID",
+    )
+    await expect_invalid(
+        client.upsert(pb.UpsertRequest(tenant="a", memories=[pb.Memory(kind=pb.MEMORY_KIND_FACT)])),
+        "text is empty",
+    )
+    await expect_invalid(client.get(pb.GetRequest(ids=["x"])), "tenant")
+    await expect_invalid(client.delete(pb.DeleteRequest(ids=["x"])), "tenant")
+    await expect_invalid(
+        client.list(pb.ListRequest(tenant="a", page_token="garbage")), "page_token"
+    )
+    await expect_invalid(client.list(pb.ListRequest(tenant="a", page_size=-1)), "page_size")
+    await expect_invalid(
+        client.count(pb.CountRequest(tenant="a", filter=pb.MemoryFilter(kinds=[9]))),
+        "unknown memory kind",
+    )
+
+
+async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpanExporter) -> None:
+    await store_facts(client)
+    span_exporter.clear()
+    await client.search(pb.SearchRequest(tenant="acme", query="my dog", conversation_id="c1"))
+    spans = {s.name: s for s in span_exporter.get_finished_spans()}
+    assert {"embed", "candidates", "rerank", "mmr"} <= set(spans)
+    assert spans["candidates"].attributes["engram.candidates"] == len(FACTS)
+    assert spans["rerank"].attributes["engram.scorer"] == "calibrated-similarity"
+    assert spans["mmr"].attributes["engram.outcome"] == "ranked"
+    assert spans["embed"].attributes["engram.tenant"] == "acme"
+
+
+async def test_data_persists_across_restart(
+    server: RunningServer, settings: RetrievalSettings, embedder: Embedder
+) -> None:
+    client = RetrievalClient(server.address)
+    try:
+        ids = await store_facts(client)
+    finally:
+        await client.close()
+    await server.stop(grace_s=0)
+    restarted = await build_server(settings, embedder=embedder)
+    client = RetrievalClient(restarted.address)
+    try:
+        got = await client.get(pb.GetRequest(tenant="acme", ids=ids))
+        assert [m.text for m in got.memories] == FACTS
+        result = await client.search(
+            pb.SearchRequest(
+                tenant="acme",
+                query="Where do I live?",
+                conversation_id="c1",
+                now=to_timestamp(datetime(2025, 6, 1, tzinfo=UTC)),
+            )
+        )
+        assert result.hits[0].memory.text == "I moved to Lisbon last year."
+    finally:
+        await client.close()
+        await restarted.stop(grace_s=0)
