@@ -1,0 +1,86 @@
+"""The gateway's configuration: ``ENGRAM_*`` variables, validated at start-up."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, field_validator
+
+from engram_core.settings import EngramSettings
+
+
+class GatewaySettings(EngramSettings):
+    """Everything the gateway reads from the environment (on top of the shared variables)."""
+
+    gateway_host: str = Field(default="127.0.0.1", min_length=1, description="Bind address.")
+    gateway_port: int = Field(
+        default=8100, ge=0, le=65535, description="Bind port (0: any free port, logged)."
+    )
+    gateway_max_body_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    gateway_retrieval_timeout_s: float = Field(
+        default=3.0,
+        gt=0,
+        le=60,
+        description="Deadline of the memory search before a chat goes on without memory.",
+    )
+    gateway_publish_drain_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=120,
+        description="On shutdown, wait this long for assistant turns still being published.",
+    )
+    # Defaults for the per-request memory controls. Unset: the retrieval service's own
+    # defaults apply (the gateway only sends what the caller or the operator chose).
+    gateway_memory_enabled: bool = Field(
+        default=True, description="Memory on when a request does not say (memory=false bypasses)."
+    )
+    gateway_memory_top_k: int | None = Field(default=None, ge=1, le=100)
+    gateway_memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
+    gateway_memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
+    gateway_memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+
+    llm_base_url: str = Field(
+        default="http://localhost:11434/v1",
+        description="The upstream OpenAI-compatible API, including its /v1 prefix.",
+    )
+    llm_api_key: SecretStr | None = Field(
+        default=None,
+        description="Upstream key. When set it is always used; when unset the caller's "
+        "Authorization header is forwarded.",
+    )
+    llm_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Upstream read timeout (per read: a long stream that keeps sending is fine).",
+    )
+    llm_connect_timeout_s: float = Field(default=10.0, gt=0)
+    llm_max_retries: int = Field(
+        default=0,
+        ge=0,
+        le=10,
+        description="Retries of the upstream call (429/5xx/connection). 0: the caller retries.",
+    )
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http(s) URL such as http://host:port/v1 (got {value!r})")
+        if parts.query or parts.fragment:
+            raise ValueError(f"must not carry a query or fragment (got {value!r})")
+        return value.strip().rstrip("/")
+
+    @field_validator("llm_api_key")
+    @classmethod
+    def _blank_key_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            return None
+        return value
+
+    @property
+    def listen_url(self) -> str:
+        host = f"[{self.gateway_host}]" if ":" in self.gateway_host else self.gateway_host
+        return f"http://{host}:{self.gateway_port}"

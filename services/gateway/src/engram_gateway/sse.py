@@ -1,0 +1,63 @@
+"""Reading a Chat Completions SSE stream on the side while its bytes are relayed.
+
+The gateway never re-encodes the stream: chunks go to the caller exactly as they
+arrive. This parser only watches them to collect the assistant text for the turn
+event and to know whether the reply completed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class ChatStreamReader:
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._texts: dict[int, list[str]] = {}
+        self.finished: set[int] = set()  # choice indexes that sent a finish_reason
+        self.done = False  # saw "data: [DONE]"
+        self.error: Any = None  # an in-stream {"error": ...} payload
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")
+        while (end := self._buffer.find(b"\n\n")) >= 0:
+            block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+            self._event(block.decode("utf-8", "replace"))
+
+    def _event(self, block: str) -> None:
+        data = [
+            line[5:].removeprefix(" ") for line in block.split("\n") if line.startswith("data:")
+        ]
+        if not data:
+            return
+        payload = "\n".join(data)
+        if payload.strip() == "[DONE]":
+            self.done = True
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if "error" in event:
+            self.error = event["error"]
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            delta = choice.get("delta") or {}
+            content = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(content, str) and content:
+                self._texts.setdefault(index, []).append(content)
+            if choice.get("finish_reason"):
+                self.finished.add(index)
+
+    def text(self, index: int = 0) -> str:
+        return "".join(self._texts.get(index, ()))
+
+    @property
+    def complete(self) -> bool:
+        """The reply ended normally: ``[DONE]`` or a finish_reason on the first choice."""
+        return self.error is None and (self.done or 0 in self.finished)

@@ -1,0 +1,130 @@
+"""Recording turns: ``TurnPersisted`` events on JetStream.
+
+The user turn is published (and acknowledged) before the request goes upstream; if
+that fails the caller gets a 503 and nothing is forwarded. The assistant turn is
+published once the reply is complete. Ids are derived from the request id, so a
+re-publish of the same turn carries the same ``event_id`` (= ``Nats-Msg-Id``) and
+JetStream drops the duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from faststream.nats import NatsBroker
+
+from engram_core.bus import publish_event
+from engram_core.events import TurnPersisted, utcnow
+from engram_core.logging import get_logger
+
+log = get_logger(__name__)
+
+#: Namespace of the gateway's derived ids (uuid5); never change it, ids would shift.
+ID_NAMESPACE = uuid.UUID("5b0f4d4e-7c1a-4a53-9c64-2a1f0e9d6c11")
+
+Role = Literal["user", "assistant"]
+
+
+class TurnNotPersisted(RuntimeError):
+    """JetStream did not acknowledge the turn (NATS down, no stream, timeout)."""
+
+
+def turn_id(tenant: str, request_id: str, role: Role) -> str:
+    return str(uuid.uuid5(ID_NAMESPACE, f"turn/{tenant}/{request_id}/{role}"))
+
+
+def event_id_for_turn(turn: str) -> str:
+    return str(uuid.uuid5(ID_NAMESPACE, f"turn.persisted/{turn}"))
+
+
+@dataclass(frozen=True)
+class TurnScope:
+    """Who a request's turns belong to."""
+
+    tenant: str
+    user_id: str
+    conversation_id: str
+    request_id: str
+    model: str
+
+    def event(self, role: Role, text: str, *, created_at: datetime | None = None) -> TurnPersisted:
+        tid = turn_id(self.tenant, self.request_id, role)
+        return TurnPersisted(
+            event_id=event_id_for_turn(tid),
+            tenant=self.tenant,
+            user_id=self.user_id,
+            conversation_id=self.conversation_id,
+            turn_id=tid,
+            role=role,
+            text=text,
+            created_at=created_at or utcnow(),
+            model=self.model,
+            request_id=self.request_id,
+        )
+
+
+class TurnPublisher:
+    """Publishes turns and keeps track of the ones still in flight at shutdown."""
+
+    def __init__(self, broker: NatsBroker) -> None:
+        self._broker = broker
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    def is_connected(self) -> bool:
+        try:
+            return bool(self._broker.connection.is_connected)
+        except Exception:  # not connected yet, or already stopped
+            return False
+
+    async def publish(self, event: TurnPersisted) -> None:
+        """Wait for the JetStream ack; raise :class:`TurnNotPersisted` otherwise."""
+        # A disconnected client would buffer the message and wait out the publish
+        # timeout; failing at once lets the caller retry sooner.
+        if not self.is_connected():
+            raise TurnNotPersisted("not connected to NATS")
+        try:
+            ack = await publish_event(self._broker, event)
+        except Exception as exc:
+            raise TurnNotPersisted(f"{type(exc).__name__}: {exc}") from exc
+        log.debug(
+            "turn persisted",
+            event_id=event.event_id,
+            role=event.role,
+            seq=getattr(ack, "seq", None),
+            duplicate=getattr(ack, "duplicate", None),
+        )
+
+    def publish_detached(self, event: TurnPersisted) -> asyncio.Task[bool]:
+        """Publish in a task that outlives the request (a client that hangs up right
+        after the last chunk must not cancel the assistant turn). Failures are logged."""
+        task = asyncio.create_task(self._publish_logged(event))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
+
+    async def _publish_logged(self, event: TurnPersisted) -> bool:
+        try:
+            await self.publish(event)
+        except TurnNotPersisted as exc:
+            log.error(
+                "assistant turn not persisted",
+                event_id=event.event_id,
+                turn_id=event.turn_id,
+                error=str(exc),
+            )
+            return False
+        return True
+
+    async def drain(self, timeout_s: float) -> None:
+        if not self._pending:
+            return
+        pending = set(self._pending)
+        _, still = await asyncio.wait(pending, timeout=timeout_s)
+        for task in still:
+            task.cancel()
+        if still:
+            log.error("assistant turns not persisted at shutdown", count=len(still))
