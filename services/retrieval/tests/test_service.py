@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -14,8 +15,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.ranking import sigmoid
 from engram_retrieval.server import RunningServer, build_server
 from engram_retrieval.settings import RetrievalSettings
+
+if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
+    from conftest import TinyReranker
 
 FIXED_NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 FACTS = [
@@ -122,7 +127,8 @@ async def test_upsert_then_search_with_score_breakdown(client: RetrievalClient) 
     assert top.memory.embedding_model == "all-MiniLM-L6-v2-onnx-int8"
     assert top.scope == pb.SCOPE_CONVERSATION
     s = top.scores
-    assert 0.4 < s.dense < 1 and s.relevance > 0.35 and not s.HasField("sparse")
+    assert 0.4 < s.dense < 1 and s.relevance > 0.35
+    assert s.HasField("sparse") and s.sparse > 0  # "dog" matched lexically too
     assert s.recency == pytest.approx(2.718281828 ** (-3 / 30), rel=1e-4)
     assert s.total == pytest.approx(0.8 * s.relevance + 0.2 * s.recency, rel=1e-5)
     assert s.mmr == pytest.approx(0.7 * s.total, rel=1e-5)
@@ -426,6 +432,7 @@ async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpan
     assert spans["rerank"].attributes["engram.scorer"] == "calibrated-similarity"
     assert spans["mmr"].attributes["engram.outcome"] == "ranked"
     assert spans["embed"].attributes["engram.tenant"] == "acme"
+    assert spans["candidates"].attributes["engram.lexical"] is True
 
 
 async def test_data_persists_across_restart(
@@ -454,3 +461,41 @@ async def test_data_persists_across_restart(
     finally:
         await client.close()
         await restarted.stop(grace_s=0)
+
+
+async def test_cross_encoder_from_settings_without_lexical(
+    tmp_path: Path, embedder: Embedder, tiny_reranker: TinyReranker
+) -> None:
+    settings = RetrievalSettings(
+        data_dir=tmp_path / "rerank",
+        retrieval_listen="127.0.0.1:0",
+        reranker_path=tiny_reranker.path,
+        search_lexical=False,
+    )
+    running = await build_server(settings, embedder=embedder, clock=lambda: FIXED_NOW)
+    client = RetrievalClient(running.address)
+    try:
+        texts = ["the cat sat", "dog", "the mat", "cat cat", "sat mat", "the dog sat"]
+        await client.upsert(pb.UpsertRequest(tenant="acme", memories=[fact(t) for t in texts]))
+        result = await client.search(
+            pb.SearchRequest(
+                tenant="acme",
+                query="cat",
+                conversation_id="c1",
+                top_k=6,
+                score_threshold=0.5,
+                mmr_lambda=1,
+            )
+        )
+        assert result.outcome == pb.SEARCH_OUTCOME_RANKED
+        expected = {t: float(sigmoid(tiny_reranker.logit(t))) for t in texts}
+        passing = {t for t, r in expected.items() if r >= 0.5}
+        assert {h.memory.text for h in result.hits} == passing and passing != set(texts)
+        for hit in result.hits:
+            assert hit.scores.relevance == pytest.approx(expected[hit.memory.text], rel=1e-5)
+            assert not hit.scores.HasField("sparse")
+        relevances = [h.scores.relevance for h in result.hits]  # λ = 1, equal recency
+        assert relevances == sorted(relevances, reverse=True)
+    finally:
+        await client.close()
+        await running.stop(grace_s=0)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.store import (
     ForeignIdError,
     MemoryStore,
@@ -21,6 +22,7 @@ from engram_retrieval.store.edge import EdgeStore
 from engram_retrieval.store.qdrant import QdrantStore
 
 DIM = 4
+LEXICAL = LexicalEncoder()
 
 
 def pid(n: int) -> str:
@@ -49,6 +51,7 @@ def point(
     }
     body.update(payload)
     return StoredPoint(
+        sparse=LEXICAL.document(str(body["text"])),
         id=pid(n),
         payload=body,
         vector=np.array(vector or [1.0, n / 10, 0.0, 0.5], dtype=np.float32),
@@ -124,6 +127,32 @@ async def test_search_filters_and_batches(store: MemoryStore) -> None:
     limited = await store.search(query, [every], limit=2)
     assert [p.score for p in limited[0]] == sorted((p.score for p in limited[0]), reverse=True)
     assert len(limited[0]) == 2
+
+
+async def test_hybrid_search_adds_lexical_candidates(store: MemoryStore) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, vector=[1, 0, 0, 0], text="apples and pears"),
+            point(2, vector=[0, 1, 0, 0], text="a zebra crossing"),
+            point(3, vector=[0.9, 0.1, 0, 0], text="bananas"),
+            point(4, tenant="b", vector=[0, 1, 0, 0], text="zebra"),
+        ],
+    )
+    query = np.array([1, 0, 0, 0], dtype=np.float32)
+    flt = PointFilter(tenant="a")
+    (dense_only,) = await store.search(query, [flt], limit=2)
+    assert [p.id for p in dense_only] == [pid(1), pid(3)]
+    assert all(p.sparse_score is None for p in dense_only)
+    (hybrid,) = await store.search(query, [flt], limit=2, sparse=LEXICAL.query("zebras?"))
+    assert [p.id for p in hybrid] == [pid(1), pid(3), pid(2)]
+    lexical_only = hybrid[2]
+    assert lexical_only.score == pytest.approx(0.0, abs=1e-6)  # its cosine, computed
+    assert lexical_only.sparse_score is not None and lexical_only.sparse_score > 0
+    assert lexical_only.vector is not None and lexical_only.payload["tenant"] == "a"
+    (both,) = await store.search(query, [flt], limit=3, sparse=LEXICAL.query("bananas"))
+    assert [p.id for p in both] == [pid(1), pid(3), pid(2)]
+    assert both[1].sparse_score is not None and both[0].sparse_score is None
 
 
 async def test_payload_filters(store: MemoryStore) -> None:

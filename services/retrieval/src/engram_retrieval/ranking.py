@@ -58,6 +58,7 @@ class Candidate:
     vector: np.ndarray
     created_at: datetime
     text: str = ""
+    sparse: float | None = None  # BM25 score, when the lexical source found it
     payload: Any = None  # carried through untouched
 
 

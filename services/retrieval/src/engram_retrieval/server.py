@@ -110,7 +110,13 @@ async def build_server(
         for name in (SERVICE_NAME, health.OVERALL_HEALTH):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         servicer = MemoryServicer(
-            store, embedder, scorer, ranking_defaults(settings), tracer=tracer, clock=clock
+            store,
+            embedder,
+            scorer,
+            ranking_defaults(settings),
+            lexical_search=settings.search_lexical,
+            tracer=tracer,
+            clock=clock,
         )
         server = grpc.aio.server(
             options=[

@@ -24,6 +24,7 @@ from opentelemetry import trace
 from engram_core.logging import get_logger
 from engram_core.proto import KIND_NAMES, SCOPE_NAMES, from_timestamp, pb, pb_grpc
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.payload import (
     DEFAULT_CONVERSATION,
     GLOBAL_CONVERSATION,
@@ -178,6 +179,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         scorer: RelevanceScorer,
         defaults: RankingParams,
         *,
+        lexical_search: bool = True,
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
@@ -185,6 +187,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.embedder = embedder
         self.scorer = scorer
         self.defaults = defaults
+        # Documents always get BM25 vectors, so lexical search can be switched on later.
+        self.lexical = LexicalEncoder()
+        self.lexical_search = lexical_search
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
         self.clock = clock or (lambda: datetime.now(UTC))
 
@@ -269,13 +274,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             with self.tracer.start_as_current_span("embed", attributes=base_attrs) as span:
                 t = time.perf_counter()
                 query_vector = await asyncio.to_thread(self.embedder.embed_one, request.query)
+                sparse_query = self.lexical.query(request.query) if self.lexical_search else None
                 timings.embed_ms = _ms(t)
                 span.set_attribute("engram.embedding_model", self.embedder.model_id)
 
             with self.tracer.start_as_current_span("candidates", attributes=base_attrs) as span:
                 t = time.perf_counter()
                 pools_raw = await self.store.search(
-                    query_vector, [s.flt for s in scopes], params.pool_size
+                    query_vector, [s.flt for s in scopes], params.pool_size, sparse=sparse_query
                 )
                 pools = [
                     [_candidate(p, scope.name) for p in pool]
@@ -285,6 +291,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 timings.candidates_ms = _ms(t)
                 span.set_attribute("engram.scopes", [s.name for s in scopes])
                 span.set_attribute("engram.pool_size", params.pool_size)
+                span.set_attribute("engram.lexical", bool(sparse_query))
                 span.set_attribute("engram.candidates", len(candidates))
         finally:
             summary, profile = await attached
@@ -316,16 +323,19 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         )
         for hit in result.hits:
             point: StoredPoint = hit.candidate.payload
+            scores = pb.ScoreBreakdown(
+                dense=hit.candidate.dense,
+                relevance=hit.relevance,
+                recency=hit.recency,
+                total=hit.total,
+                mmr=hit.mmr,
+            )
+            if hit.candidate.sparse is not None:
+                scores.sparse = hit.candidate.sparse
             response.hits.append(
                 pb.SearchHit(
                     memory=payload_to_memory(point.id, point.payload),
-                    scores=pb.ScoreBreakdown(
-                        dense=hit.candidate.dense,
-                        relevance=hit.relevance,
-                        recency=hit.recency,
-                        total=hit.total,
-                        mmr=hit.mmr,
-                    ),
+                    scores=scores,
                     scope=_SCOPE_VALUES[hit.candidate.scope],
                 )
             )
@@ -421,7 +431,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 vector = previous.vector
             else:
                 to_embed.append((point_id, embed_text(memory)))
-            pending[point_id] = StoredPoint(id=point_id, payload=payload, vector=vector)
+            pending[point_id] = StoredPoint(
+                id=point_id,
+                payload=payload,
+                vector=vector,
+                sparse=self.lexical.document(embed_text(memory)),
+            )
             status = pb.UPSERT_STATUS_UPDATED if previous else pb.UPSERT_STATUS_CREATED
             results.append(pb.UpsertResult(id=point_id, status=status))
 
@@ -539,6 +554,7 @@ def _candidate(point: StoredPoint, scope: str) -> Candidate:
         id=point.id,
         scope=scope,
         dense=float(point.score or 0.0),
+        sparse=point.sparse_score,
         vector=point.vector,
         created_at=parse_ts(point.created_at),
         text=point.payload.get("text") or embed_text(payload_to_memory(point.id, point.payload)),

@@ -50,6 +50,9 @@ class RetrievalSettings(EngramSettings):
         default=5, ge=0, le=100, description="At most this many memories in scope: return all."
     )
     candidate_multiplier: int = Field(default=3, ge=1, le=50)
+    search_lexical: bool = Field(
+        default=True, description="Add BM25 candidates to the dense ones (hybrid search)."
+    )
 
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 

@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engram_retrieval.lexical import SparseVec
+
 DENSE_VECTOR = "dense"
 
 # (field, index type) created on open. tenant is the tenant index (Qdrant co-locates a
@@ -66,6 +68,8 @@ class StoredPoint:
     payload: dict[str, Any]
     vector: np.ndarray | None = None
     score: float | None = None  # cosine to the query, for search results
+    sparse: SparseVec | None = None  # BM25 document vector, written on upsert
+    sparse_score: float | None = None  # BM25 score, when the lexical source found it
 
     @property
     def created_at(self) -> str:
@@ -100,9 +104,19 @@ class MemoryStore(Protocol):
         ...
 
     async def search(
-        self, vector: np.ndarray, filters: Sequence[PointFilter], limit: int
+        self,
+        vector: np.ndarray,
+        filters: Sequence[PointFilter],
+        limit: int,
+        *,
+        sparse: SparseVec | None = None,
     ) -> list[list[StoredPoint]]:
-        """Dense nearest neighbours, one result list per filter, with payload and vector."""
+        """Candidates per filter, with payload and dense vector, run as one batch.
+
+        Each list holds the ``limit`` dense nearest neighbours (``score`` = cosine) and,
+        when ``sparse`` has terms, the ``limit`` best BM25 matches as well
+        (``sparse_score``), merged by :func:`merge_hybrid`.
+        """
         ...
 
     async def retrieve(
@@ -169,3 +183,33 @@ async def newest_first_page(
 def foreign_ids(tenant: str, owners: Sequence[tuple[str, object]]) -> list[str]:
     """Ids whose stored tenant differs from ``tenant``, from (id, stored tenant) pairs."""
     return [point_id for point_id, owner in owners if owner != tenant]
+
+
+def merge_hybrid(
+    query: np.ndarray, dense: Sequence[StoredPoint], lexical: Sequence[StoredPoint]
+) -> list[StoredPoint]:
+    """Union of one filter's dense and lexical candidates: dense order first, then the
+    lexical-only ones (their cosine computed from the returned vector); every point the
+    lexical source returned carries its ``sparse_score``."""
+    by_id = {p.id: p for p in dense}
+    merged = list(dense)
+    q = np.asarray(query, dtype=np.float64)
+    q = q / max(float(np.linalg.norm(q)), 1e-12)
+    for point in lexical:
+        held = by_id.get(point.id)
+        if held is not None:
+            held.sparse_score = point.score
+            continue
+        vector = np.asarray(point.vector, dtype=np.float64)
+        cosine = float(vector @ q / max(float(np.linalg.norm(vector)), 1e-12))
+        merged.append(
+            StoredPoint(
+                id=point.id,
+                payload=point.payload,
+                vector=point.vector,
+                score=cosine,
+                sparse_score=point.score,
+            )
+        )
+        by_id[point.id] = merged[-1]
+    return merged

@@ -21,6 +21,7 @@ from qdrant_edge import (
     Distance,
     EdgeConfig,
     EdgeShard,
+    EdgeSparseVectorParams,
     EdgeVectorParams,
     FieldCondition,
     Filter,
@@ -28,6 +29,7 @@ from qdrant_edge import (
     KeywordIndexParams,
     MatchAny,
     MatchValue,
+    Modifier,
     OrderBy,
     PayloadSelector,
     Point,
@@ -36,9 +38,11 @@ from qdrant_edge import (
     QueryRequest,
     RangeDateTime,
     ScrollRequest,
+    SparseVector,
     UpdateOperation,
 )
 
+from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
     PAYLOAD_INDEXES,
@@ -49,6 +53,7 @@ from engram_retrieval.store.base import (
     StoredPoint,
     StoreError,
     foreign_ids,
+    merge_hybrid,
     newest_first_page,
 )
 
@@ -140,18 +145,22 @@ class EdgeStore:
         taken = foreign_ids(tenant, [(str(r.id), (r.payload or {}).get("tenant")) for r in records])
         if taken:
             raise ForeignIdError(taken)
-        edge_points = [
-            Point(p.id, {DENSE_VECTOR: np.asarray(p.vector, dtype=np.float32).tolist()}, p.payload)
-            for p in points
-        ]
+        edge_points = [Point(p.id, _vectors(p), p.payload) for p in points]
         await self._run(self._shard.update, UpdateOperation.upsert_points(edge_points))
 
     async def search(
-        self, vector: np.ndarray, filters: Sequence[PointFilter], limit: int
+        self,
+        vector: np.ndarray,
+        filters: Sequence[PointFilter],
+        limit: int,
+        *,
+        sparse: SparseVec | None = None,
     ) -> list[list[StoredPoint]]:
         if not filters:
             return []
-        query = Query.Nearest(np.asarray(vector, dtype=np.float32).tolist(), using=DENSE_VECTOR)
+        queries = [Query.Nearest(np.asarray(vector, dtype=np.float32).tolist(), using=DENSE_VECTOR)]
+        if sparse:
+            queries.append(Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR))
         batch = QueryBatchRequest(
             [
                 QueryRequest(
@@ -159,20 +168,28 @@ class EdgeStore:
                     query=query,
                     filter=to_edge_filter(f),
                     with_payload=True,
-                    with_vector=True,
+                    with_vector=[DENSE_VECTOR],
                 )
                 for f in filters
+                for query in queries
             ]
         )
         results = await self._run(self._shard.query_batch, batch)
-        return [[_point(r, score=float(r.score)) for r in rows] for rows in results]
+        rows = [[_point(r, score=float(r.score)) for r in found] for found in results]
+        step = len(queries)
+        return [
+            merge_hybrid(vector, rows[i], rows[i + 1] if step == 2 else [])
+            for i in range(0, len(rows), step)
+        ]
 
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
     ) -> list[StoredPoint]:
         if not ids:
             return []
-        records = await self._run(self._shard.retrieve, list(ids), True, with_vectors)
+        records = await self._run(
+            self._shard.retrieve, list(ids), True, [DENSE_VECTOR] if with_vectors else False
+        )
         points = [_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
 
@@ -234,8 +251,22 @@ class EdgeStore:
         self._executor.shutdown(wait=True)
 
 
+def _sparse(vec: SparseVec) -> SparseVector:
+    return SparseVector(list(vec.indices), list(vec.values))
+
+
+def _vectors(point: StoredPoint) -> dict[str, Any]:
+    vectors: dict[str, Any] = {DENSE_VECTOR: np.asarray(point.vector, dtype=np.float32).tolist()}
+    if point.sparse:
+        vectors[SPARSE_VECTOR] = _sparse(point.sparse)
+    return vectors
+
+
 def _edge_config(dim: int) -> EdgeConfig:
-    return EdgeConfig(vectors={DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)})
+    return EdgeConfig(
+        vectors={DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
+        sparse_vectors={SPARSE_VECTOR: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+    )
 
 
 def _open_shard(path: Path, dim: int) -> EdgeShard:

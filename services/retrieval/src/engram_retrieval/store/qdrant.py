@@ -14,6 +14,7 @@ import numpy as np
 from qdrant_client import AsyncQdrantClient
 from qdrant_client import models as m
 
+from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
     PAYLOAD_INDEXES,
@@ -24,6 +25,7 @@ from engram_retrieval.store.base import (
     StoredPoint,
     StoreError,
     foreign_ids,
+    merge_hybrid,
     newest_first_page,
 )
 
@@ -119,35 +121,43 @@ class QdrantStore:
         taken = foreign_ids(tenant, [(str(r.id), (r.payload or {}).get("tenant")) for r in records])
         if taken:
             raise ForeignIdError(taken)
-        structs = [
-            m.PointStruct(
-                id=p.id,
-                vector={DENSE_VECTOR: np.asarray(p.vector, dtype=np.float32).tolist()},
-                payload=p.payload,
-            )
-            for p in points
-        ]
+        structs = [m.PointStruct(id=p.id, vector=_vectors(p), payload=p.payload) for p in points]
         await self._client.upsert(self.collection, structs, wait=True)
 
     async def search(
-        self, vector: np.ndarray, filters: Sequence[PointFilter], limit: int
+        self,
+        vector: np.ndarray,
+        filters: Sequence[PointFilter],
+        limit: int,
+        *,
+        sparse: SparseVec | None = None,
     ) -> list[list[StoredPoint]]:
         if not filters:
             return []
-        query = np.asarray(vector, dtype=np.float32).tolist()
+        queries: list[tuple[Any, str]] = [
+            (np.asarray(vector, dtype=np.float32).tolist(), DENSE_VECTOR)
+        ]
+        if sparse:
+            queries.append((_sparse(sparse), SPARSE_VECTOR))
         requests = [
             m.QueryRequest(
                 query=query,
-                using=DENSE_VECTOR,
+                using=using,
                 filter=to_qdrant_filter(f),
                 limit=limit,
                 with_payload=True,
-                with_vector=True,
+                with_vector=[DENSE_VECTOR],
             )
             for f in filters
+            for query, using in queries
         ]
         responses = await self._client.query_batch_points(self.collection, requests)
-        return [[_point(p, score=float(p.score)) for p in r.points] for r in responses]
+        rows = [[_point(p, score=float(p.score)) for p in r.points] for r in responses]
+        step = len(queries)
+        return [
+            merge_hybrid(vector, rows[i], rows[i + 1] if step == 2 else [])
+            for i in range(0, len(rows), step)
+        ]
 
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
@@ -155,7 +165,10 @@ class QdrantStore:
         if not ids:
             return []
         records = await self._client.retrieve(
-            self.collection, list(ids), with_payload=True, with_vectors=with_vectors
+            self.collection,
+            list(ids),
+            with_payload=True,
+            with_vectors=[DENSE_VECTOR] if with_vectors else False,
         )
         points = [_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
@@ -210,6 +223,17 @@ class QdrantStore:
         await self._client.close()
 
 
+def _sparse(vec: SparseVec) -> m.SparseVector:
+    return m.SparseVector(indices=list(vec.indices), values=list(vec.values))
+
+
+def _vectors(point: StoredPoint) -> dict[str, Any]:
+    vectors: dict[str, Any] = {DENSE_VECTOR: np.asarray(point.vector, dtype=np.float32).tolist()}
+    if point.sparse:
+        vectors[SPARSE_VECTOR] = _sparse(point.sparse)
+    return vectors
+
+
 async def _ensure_collection(
     client: AsyncQdrantClient, collection: str, dim: int, *, indexes: bool
 ) -> None:
@@ -223,10 +247,16 @@ async def _ensure_collection(
                 f"collection {collection!r} has dense vector size {found}, the embedder "
                 f"produces {dim}; use another ENGRAM_QDRANT_COLLECTION or re-embed"
             )
+        if SPARSE_VECTOR not in (info.config.params.sparse_vectors or {}):
+            raise StoreError(
+                f"collection {collection!r} has no sparse vector {SPARSE_VECTOR!r}; "
+                "use another ENGRAM_QDRANT_COLLECTION"
+            )
     else:
         await client.create_collection(
             collection,
             vectors_config={DENSE_VECTOR: m.VectorParams(size=dim, distance=m.Distance.COSINE)},
+            sparse_vectors_config={SPARSE_VECTOR: m.SparseVectorParams(modifier=m.Modifier.IDF)},
         )
     if not indexes:
         return
