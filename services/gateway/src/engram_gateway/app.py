@@ -1,0 +1,107 @@
+"""The gateway's app factory. Nothing connects at import: the retrieval channel, the
+NATS broker and the upstream HTTP client are built in the lifespan and closed on
+shutdown (after the assistant turns still being published are given time to land).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+
+from fastapi import FastAPI
+from faststream.nats import NatsBroker
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
+from opentelemetry.trace import TracerProvider
+
+from engram_core.bus import ensure_stream, make_broker
+from engram_core.logging import get_logger
+from engram_core.retrieval_client import RetrievalClient
+from engram_core.telemetry import instrument_grpc_client
+from engram_gateway import chat, health, passthrough
+from engram_gateway.errors import install_error_handlers
+from engram_gateway.settings import GatewaySettings
+from engram_gateway.state import GatewayState, RequestIdMiddleware
+from engram_gateway.turns import TurnPublisher
+from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
+
+log = get_logger(__name__)
+
+CLIENT_NAME = "engram-gateway"
+
+
+async def _stop_broker(broker: NatsBroker) -> None:
+    try:
+        await broker.stop()  # drains: buffered publishes are flushed first
+    except Exception as exc:
+        # Draining needs a live connection; while NATS is down, just close.
+        log.warning("NATS drain failed, closing", error=repr(exc))
+        with suppress(Exception):
+            if not broker.connection.is_closed:
+                await broker.connection.close()
+
+
+def create_app(
+    settings: GatewaySettings, *, tracer_provider: TracerProvider | None = None
+) -> FastAPI:
+    """Build the gateway. ``tracer_provider``: defaults to the global one (tests pass
+    their own to capture spans)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            # Patches channel construction, so it must precede the retrieval client.
+            instrument_grpc_client()
+            retrieval = RetrievalClient(
+                settings.retrieval_address, timeout_s=settings.gateway_retrieval_timeout_s
+            )
+            stack.push_async_callback(retrieval.close)
+
+            await ensure_stream(settings.nats_url, settings.stream_replicas)
+            broker = make_broker(settings.nats_url, client_name=CLIENT_NAME)
+            await broker.start()
+            stack.push_async_callback(_stop_broker, broker)
+
+            http = make_http_client(settings)
+            stack.push_async_callback(http.aclose)
+            HTTPX2ClientInstrumentor.instrument_client(http, tracer_provider=tracer_provider)
+            llm = make_llm_client(settings, http)
+            stack.push_async_callback(llm.close)
+
+            publisher = TurnPublisher(broker)
+            # Runs first on the way out: turns in flight land before the broker closes.
+            stack.push_async_callback(publisher.drain, settings.gateway_publish_drain_s)
+
+            app.state.gateway = GatewayState(
+                settings=settings,
+                retrieval=retrieval,
+                broker=broker,
+                publisher=publisher,
+                upstream=Upstream(settings, http, llm),
+            )
+            log.info(
+                "gateway ready",
+                upstream=settings.llm_base_url,
+                retrieval=settings.retrieval_address,
+                nats=settings.nats_url,
+            )
+            yield
+            log.info("gateway stopping")
+
+    app = FastAPI(
+        title="Engram gateway",
+        summary="OpenAI-compatible proxy with long-term memory",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(health.router)
+    app.include_router(chat.router)
+    app.include_router(passthrough.router)  # last: it catches every other /v1 path
+    FastAPIInstrumentor.instrument_app(
+        app, tracer_provider=tracer_provider, excluded_urls="/healthz,/readyz"
+    )
+    return app

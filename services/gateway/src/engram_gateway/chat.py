@@ -1,0 +1,259 @@
+"""``POST /v1/chat/completions``: recall, record, forward, relay.
+
+1. Validate and strip the memory controls; the rest of the body is forwarded as is.
+2. Unless memory is bypassed: search memory and publish the user turn, concurrently.
+   No JetStream ack for the user turn → 503, and nothing is forwarded.
+3. Inject one system message (what memory found) right before the latest user message.
+4. Forward upstream; relay the reply (SSE chunks as they arrive when streaming).
+5. Once the reply is complete, publish the assistant turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import Any
+
+import httpx2
+from fastapi import APIRouter, Request
+from starlette.responses import Response, StreamingResponse
+
+from engram_core.logging import get_logger
+from engram_gateway.bodies import parse_json_object, read_body
+from engram_gateway.controls import MemoryControls, split_memory_controls
+from engram_gateway.errors import SERVICE_UNAVAILABLE, UPSTREAM_ERROR, GatewayError, bad_request
+from engram_gateway.memory import (
+    MEMORY_HEADER,
+    MemoryStatus,
+    Recall,
+    inject,
+    latest_user_index,
+    message_text,
+    recall,
+    search_request,
+)
+from engram_gateway.sse import ChatStreamReader
+from engram_gateway.state import GatewayState, gateway_state, request_id
+from engram_gateway.tenancy import resolve_tenant
+from engram_gateway.turns import TurnNotPersisted, TurnScope
+from engram_gateway.upstream import response_headers
+
+log = get_logger(__name__)
+
+router = APIRouter()
+
+TURN_HEADER = "X-Engram-Assistant-Turn"
+
+
+def validate_chat_body(body: dict[str, Any]) -> None:
+    """Only what the gateway itself relies on; the upstream judges the rest."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request(
+            "You must provide a model parameter (a non-empty string).",
+            param="model",
+            code="missing_required_parameter",
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request(
+            "You must provide messages (a non-empty array).",
+            param="messages",
+            code="missing_required_parameter",
+        )
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request(
+                f"messages[{index}] must be an object with a string role.",
+                param=f"messages[{index}]",
+            )
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise bad_request("user must be a string.", param="user")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise bad_request("stream must be a boolean.", param="stream")
+
+
+def assistant_text(payload: dict[str, Any]) -> str:
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return ""
+    first = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), choices[0])
+    return message_text(first.get("message")) if isinstance(first, dict) else ""
+
+
+async def _recall_and_record(
+    state: GatewayState, scope: TurnScope, controls: MemoryControls, query: str
+) -> Recall:
+    """Search memory while the user turn is being persisted; 503 if it is not."""
+    search = search_request(
+        tenant=scope.tenant, query=query, user_id=scope.user_id, controls=controls
+    )
+    recall_task = asyncio.create_task(recall(state.retrieval, search))
+    try:
+        await state.publisher.publish(scope.event("user", query))
+        return await recall_task
+    except TurnNotPersisted as exc:
+        log.error("user turn not persisted, request refused", error=str(exc))
+        raise GatewayError(
+            503,
+            "Engram could not record this turn (the event bus did not acknowledge it), so the "
+            "request was not sent to the model. Retry, or send memory=false to bypass memory.",
+            type=SERVICE_UNAVAILABLE,
+            code="turn_not_persisted",
+        ) from None
+    finally:
+        recall_task.cancel()  # a no-op once it finished
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    state = gateway_state(request)
+    settings = state.settings
+    body = parse_json_object(await read_body(request, settings.gateway_max_body_bytes))
+    controls, forwarded = split_memory_controls(body, request.headers)
+    controls = controls.with_defaults(settings)
+    validate_chat_body(forwarded)
+
+    messages: list[Any] = forwarded["messages"]
+    scope = TurnScope(
+        tenant=resolve_tenant(request),
+        user_id=forwarded.get("user") or "",
+        conversation_id=controls.conversation_id,
+        request_id=request_id(request),
+        model=forwarded["model"],
+    )
+    user_index = latest_user_index(messages)
+    query = message_text(messages[user_index]).strip() if user_index is not None else ""
+
+    if not controls.enabled:
+        memory = Recall(MemoryStatus.BYPASSED)
+    elif not query:
+        # Nothing to search for and nothing to record (no user text: an image only, say).
+        memory = Recall(MemoryStatus.EMPTY)
+    else:
+        memory = await _recall_and_record(state, scope, controls, query)
+        if memory.system_message is not None and user_index is not None:
+            forwarded["messages"] = inject(messages, user_index, memory.system_message)
+
+    headers = {MEMORY_HEADER: memory.status.value}
+    if memory.status is not MemoryStatus.BYPASSED:
+        headers["X-Engram-Memory-Hits"] = str(len(memory.hits))
+    stream = forwarded.get("stream") is True
+    log.info(
+        "chat request",
+        model=scope.model,
+        stream=stream,
+        memory=memory.status.value,
+        hits=len(memory.hits),
+        conversation_id=scope.conversation_id,
+    )
+
+    upstream = await state.upstream.chat(forwarded, request.headers, stream=stream)
+    record = controls.enabled and bool(query)
+    if stream:
+        return _relay_stream(state, upstream, scope, record=record, headers=headers)
+    return await _complete(state, upstream, scope, memory, record=record, headers=headers)
+
+
+async def _complete(
+    state: GatewayState,
+    upstream: httpx2.Response,
+    scope: TurnScope,
+    memory: Recall,
+    *,
+    record: bool,
+    headers: dict[str, str],
+) -> Response:
+    relayed = response_headers(upstream.headers)
+    for name in ("content-type", "content-encoding"):
+        relayed.pop(name, None)
+    try:
+        payload = upstream.json()
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        log.warning("upstream reply is not a JSON object; relayed as is")
+        return Response(
+            upstream.content,
+            status_code=upstream.status_code,
+            headers={**relayed, **headers},
+            media_type=upstream.headers.get("content-type"),
+        )
+    if memory.status is not MemoryStatus.BYPASSED:
+        payload["memory_hits"] = memory.hits
+    text = assistant_text(payload)
+    if record and text:
+        task = state.publisher.publish_detached(scope.event("assistant", text))
+        if not await asyncio.shield(task):
+            headers[TURN_HEADER] = "not-persisted"
+    return Response(
+        json.dumps(payload, ensure_ascii=False).encode(),
+        status_code=upstream.status_code,
+        headers={**relayed, **headers},
+        media_type="application/json",
+    )
+
+
+def _sse_error(message: str, code: str) -> bytes:
+    body = {"error": {"message": message, "type": UPSTREAM_ERROR, "param": None, "code": code}}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _relay_stream(
+    state: GatewayState,
+    upstream: httpx2.Response,
+    scope: TurnScope,
+    *,
+    record: bool,
+    headers: dict[str, str],
+) -> StreamingResponse:
+    reader = ChatStreamReader()
+
+    async def relay() -> AsyncIterator[bytes]:
+        completed = False
+        try:
+            async for chunk in upstream.aiter_bytes():
+                reader.feed(chunk)
+                yield chunk
+            completed = True
+        except httpx2.TimeoutException:
+            log.warning("upstream stream timed out", timeout_s=state.settings.llm_timeout_s)
+            yield _sse_error(
+                "Upstream LLM stopped sending before the reply was complete.", "upstream_timeout"
+            )
+        except httpx2.HTTPError as exc:
+            log.warning("upstream stream broke", error=str(exc) or type(exc).__name__)
+            yield _sse_error(f"Upstream LLM stream broke: {exc}", "upstream_error")
+        except (asyncio.CancelledError, GeneratorExit):
+            log.warning("client went away mid-stream; assistant turn not recorded")
+            raise
+        finally:
+            with suppress(Exception):
+                await upstream.aclose()
+        if not record:
+            return
+        if not (completed and reader.complete):
+            log.warning(
+                "stream incomplete; assistant turn not recorded",
+                done=reader.done,
+                error=reader.error,
+            )
+            return
+        text = reader.text(0)
+        if text:
+            # Shielded: a client that hangs up right after [DONE] must not cancel it.
+            await asyncio.shield(state.publisher.publish_detached(scope.event("assistant", text)))
+
+    relayed = response_headers(upstream.headers)
+    for name in ("content-type", "content-encoding"):
+        relayed.pop(name, None)
+    relayed.setdefault("cache-control", "no-cache")
+    relayed["x-accel-buffering"] = "no"  # nginx & co: do not buffer the stream
+    return StreamingResponse(
+        relay(),
+        status_code=upstream.status_code,
+        headers={**relayed, **headers},
+        media_type=upstream.headers.get("content-type", "text/event-stream"),
+    )

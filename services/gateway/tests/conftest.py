@@ -1,0 +1,264 @@
+"""Gateway test rig: the real nats-server, the scripted OpenAI-compatible upstream, a
+fake retrieval service (grpc.aio, canned Search replies, standard health service),
+and the gateway itself served by uvicorn in-process on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+import httpx2
+import nats
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from nats.js.errors import NotFoundError
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from engram_cli.nats_server import free_port
+from engram_core.events import STREAM_NAME
+from engram_core.proto import pb, pb_grpc, to_timestamp
+from engram_core.retrieval_client import SERVICE_NAME
+from engram_gateway.app import create_app
+from engram_gateway.settings import GatewaySettings
+from engram_testing.upstream import ScriptedUpstream
+
+# --- fake retrieval ------------------------------------------------------------------
+
+
+class FakeMemoryService(pb_grpc.MemoryServiceServicer):
+    """Search returns ``response`` (EMPTY unless a test sets it) and records requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.SearchRequest] = []
+        self.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_EMPTY)
+        self.address = ""
+
+    async def Search(self, request: pb.SearchRequest, context: Any) -> pb.SearchResponse:
+        self.requests.append(request)
+        return self.response
+
+
+def make_hit(
+    text: str,
+    *,
+    kind: int = pb.MEMORY_KIND_FACT,
+    id: str = "11111111-1111-1111-1111-111111111111",
+    created_at: datetime = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC),
+    total: float = 0.75,
+    role: str = "",
+) -> pb.SearchHit:
+    return pb.SearchHit(
+        memory=pb.Memory(
+            id=id,
+            tenant="default",
+            conversation_id="conv-1",
+            kind=kind,
+            text=text,
+            role=role,
+            created_at=to_timestamp(created_at),
+        ),
+        scores=pb.ScoreBreakdown(
+            dense=0.5, sparse=1.25, relevance=0.8, recency=0.6, total=total, mmr=0.5
+        ),
+        scope=pb.SCOPE_CONVERSATION,
+    )
+
+
+@pytest.fixture
+def hit() -> Callable[..., pb.SearchHit]:
+    return make_hit
+
+
+@pytest.fixture
+async def fake_retrieval() -> AsyncIterator[FakeMemoryService]:
+    servicer = FakeMemoryService()
+    server = grpc.aio.server()
+    pb_grpc.add_MemoryServiceServicer_to_server(servicer, server)
+    health = health_aio.HealthServicer()
+    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    servicer.address = f"127.0.0.1:{port}"
+    try:
+        yield servicer
+    finally:
+        await server.stop(None)
+
+
+# --- the gateway ---------------------------------------------------------------------
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    app: FastAPI
+    settings: GatewaySettings
+    spans: InMemorySpanExporter
+    clients: list[httpx2.AsyncClient] = field(default_factory=list)
+
+    def client(self) -> httpx2.AsyncClient:
+        client = httpx2.AsyncClient(base_url=self.url, timeout=30)
+        self.clients.append(client)
+        return client
+
+
+StartGateway = Callable[..., Awaitable[RunningGateway]]
+
+
+@pytest.fixture
+async def start_gateway(
+    nats_url: str, scripted_upstream: ScriptedUpstream, fake_retrieval: FakeMemoryService
+) -> AsyncIterator[StartGateway]:
+    """``await start_gateway(**settings_overrides)`` → a gateway served on a free port."""
+    running: list[tuple[uvicorn.Server, asyncio.Task[None], RunningGateway]] = []
+
+    async def start(**overrides: Any) -> RunningGateway:
+        values: dict[str, Any] = {
+            "nats_url": nats_url,
+            "retrieval_address": fake_retrieval.address,
+            "llm_base_url": scripted_upstream.base_url,
+            "gateway_port": free_port(),
+            **overrides,
+        }
+        settings = GatewaySettings(**values)
+        spans = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(spans))
+        app = create_app(settings, tracer_provider=provider)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=settings.gateway_port,
+                log_config=None,
+                lifespan="on",
+                ws="none",
+            )
+        )
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("gateway did not start")
+            await asyncio.sleep(0.01)
+        gateway = RunningGateway(f"http://127.0.0.1:{settings.gateway_port}", app, settings, spans)
+        running.append((server, task, gateway))
+        return gateway
+
+    try:
+        yield start
+    finally:
+        for server, task, gateway in running:
+            for client in gateway.clients:
+                await client.aclose()
+            server.should_exit = True
+            await task
+
+
+@pytest.fixture
+async def gateway(start_gateway: StartGateway) -> RunningGateway:
+    return await start_gateway()
+
+
+@pytest.fixture
+async def client(gateway: RunningGateway) -> httpx2.AsyncClient:
+    return gateway.client()
+
+
+# --- reading the stream --------------------------------------------------------------
+
+
+@dataclass
+class StoredEvent:
+    subject: str
+    headers: dict[str, str]
+    data: dict[str, Any]
+    seq: int
+
+
+class JetStreamReader:
+    """Reads what the gateway published, through a subscription to the real stream."""
+
+    def __init__(self, nats_url: str) -> None:
+        self.nats_url = nats_url
+
+    async def count(self) -> int:
+        nc = await nats.connect(self.nats_url)
+        try:
+            try:
+                info = await nc.jetstream().stream_info(STREAM_NAME)
+            except NotFoundError:
+                return 0
+            return int(info.state.messages)
+        finally:
+            await nc.close()
+
+    async def events(self, expected: int, timeout_s: float = 10.0) -> list[StoredEvent]:
+        """The first ``expected`` events, in stream order (waits for them to arrive)."""
+        nc = await nats.connect(self.nats_url)
+        try:
+            sub = await nc.jetstream().subscribe("engram.>", ordered_consumer=True)
+            events = []
+            for _ in range(expected):
+                msg = await sub.next_msg(timeout=timeout_s)
+                events.append(
+                    StoredEvent(
+                        msg.subject,
+                        dict(msg.headers or {}),
+                        json.loads(msg.data),
+                        msg.metadata.sequence.stream,
+                    )
+                )
+            await sub.unsubscribe()
+            return events
+        finally:
+            await nc.close()
+
+
+@pytest.fixture
+def jetstream(nats_url: str) -> JetStreamReader:
+    return JetStreamReader(nats_url)
+
+
+# --- upstream variants ---------------------------------------------------------------
+
+
+class GatedUpstream(ScriptedUpstream):
+    """Streams the first chunk, then waits for ``gate`` before sending the rest."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.gate = threading.Event()
+
+    async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
+        first = True
+        async for piece in super()._stream(completion_id, created, text):
+            yield piece
+            if first:
+                first = False
+                await asyncio.to_thread(self.gate.wait)
+
+
+@pytest.fixture
+def gated_upstream() -> Iterator[GatedUpstream]:
+    upstream = GatedUpstream().start()
+    assert isinstance(upstream, GatedUpstream)
+    try:
+        yield upstream
+    finally:
+        upstream.gate.set()
+        with contextlib.suppress(Exception):
+            upstream.stop()

@@ -1,0 +1,587 @@
+"""POST /v1/chat/completions against the real nats-server, the scripted upstream and a
+fake retrieval service."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx2
+import pytest
+from openai import AsyncOpenAI
+
+from engram_cli.nats_server import free_port
+from engram_core.events import TurnPersisted
+from engram_core.proto import pb, to_timestamp
+from engram_gateway.turns import turn_id
+
+CHAT = "/v1/chat/completions"
+
+
+def chat_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "test-model", "messages": [{"role": "user", "content": "Hi there"}], **extra}
+
+
+def assert_openai_error(response: httpx2.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert "Traceback" not in response.text
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+# --- transparency --------------------------------------------------------------------
+
+
+TRANSPARENT_BODY: dict[str, Any] = {
+    "model": "gpt-test",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in this image?"},
+                {
+                    "type": "image_url",
+                    "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"},
+                },
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"q": "cat"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "a cat"},
+        {"role": "user", "content": "Merci — und auf Deutsch? ünïcödé 🐈"},
+    ],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look something up.",
+                "strict": True,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"q": {"type": "string"}},
+                    "required": ["q"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ],
+    "tool_choice": "auto",
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "strict": True, "schema": {"type": "object"}},
+    },
+    "n": 2,
+    "seed": 42,
+    "temperature": 0.2,
+    "max_tokens": 64,
+    "logit_bias": {"50256": -100},
+    "stop": None,
+    "user": "alice",
+    "vendor_extension": {"nested": [1, 2.5, None, "x", {"deep": True}], "big": 12345678901234567},
+    "memory_id": "conv-1",
+    "memory_top_k": 3,
+    "memory_score_threshold": 0.1,
+}
+
+
+def without_memory_controls(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "memory" and not k.startswith("memory_")}
+
+
+async def test_everything_but_memory_controls_reaches_upstream_unchanged(
+    client: httpx2.AsyncClient, scripted_upstream: Any
+) -> None:
+    response = await client.post(
+        CHAT,
+        content=json.dumps(TRANSPARENT_BODY).encode(),
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["x-engram-memory"] == "empty"  # nothing stored: nothing injected
+    received = scripted_upstream.chat_requests()[-1]
+    expected = without_memory_controls(TRANSPARENT_BODY)
+    assert json.dumps(received) == json.dumps(expected)  # same fields, values and order
+    assert received["user"] == "alice"
+    assert not [k for k in received if k.startswith("memory")]
+
+
+async def test_streaming_request_fields_reach_upstream_unchanged(
+    client: httpx2.AsyncClient, scripted_upstream: Any
+) -> None:
+    body = {**TRANSPARENT_BODY, "stream": True, "stream_options": {"include_usage": True}}
+    response = await client.post(CHAT, json=body)
+    assert response.status_code == 200
+    assert response.text.rstrip().endswith("data: [DONE]")
+    received = scripted_upstream.chat_requests()[-1]
+    assert json.dumps(received) == json.dumps(without_memory_controls(body))
+
+
+# --- memory --------------------------------------------------------------------------
+
+
+async def test_memory_is_injected_right_before_the_latest_user_message(
+    client: httpx2.AsyncClient,
+    scripted_upstream: Any,
+    fake_retrieval: Any,
+    hit: Callable[..., pb.SearchHit],
+) -> None:
+    fake_retrieval.response = pb.SearchResponse(
+        outcome=pb.SEARCH_OUTCOME_RANKED,
+        hits=[
+            hit("The user's cat is called Miso.", total=0.91),
+            hit(
+                "I moved to Lisbon",
+                kind=pb.MEMORY_KIND_TURN,
+                role="user",
+                id="22222222-2222-2222-2222-222222222222",
+                total=0.5,
+            ),
+        ],
+        summary=pb.Memory(
+            kind=pb.MEMORY_KIND_SUMMARY,
+            text="Talking about pets.",
+            updated_at=to_timestamp(datetime(2025, 3, 5, tzinfo=UTC)),
+        ),
+    )
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "first answer"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is my cat"},
+                {"type": "text", "text": "called?"},
+            ],
+        },
+    ]
+    response = await client.post(
+        CHAT,
+        json={
+            "model": "m",
+            "messages": copy.deepcopy(messages),
+            "user": "alice",
+            "memory_id": "conv-1",
+            "memory_top_k": 3,
+        },
+    )
+    assert response.status_code == 200
+    assert response.headers["x-engram-memory"] == "used"
+
+    sent = scripted_upstream.chat_requests()[-1]["messages"]
+    assert len(sent) == len(messages) + 1
+    assert sent[:3] == messages[:3]
+    assert sent[4] == messages[3]
+    memory = sent[3]
+    assert memory["role"] == "system"
+    assert "[2025-03-04] fact: The user's cat is called Miso." in memory["content"]
+    assert "user said: I move" in memory["content"]
+    assert "Talking about pets." in memory["content"]
+
+    (search,) = fake_retrieval.requests
+    assert (search.tenant, search.query, search.user_id, search.conversation_id) == (
+        "default",
+        "What is my cat\ncalled?",
+        "alice",
+        "conv-1",
+    )
+    assert search.top_k == 3
+    assert not search.HasField("recency_weight")
+
+    hits = response.json()["memory_hits"]
+    assert [h["text"] for h in hits] == ["The user's cat is called Miso.", "I moved to Lisbon"]
+    first = hits[0]
+    assert first["id"] == "11111111-1111-1111-1111-111111111111"
+    assert first["kind"] == "fact"
+    assert first["score"] == pytest.approx(0.91)
+    assert first["created_at"] == "2025-03-04T05:06:07Z"
+    assert set(first["scores"]) == {"dense", "sparse", "relevance", "recency", "total", "mmr"}
+    assert first["scores"]["sparse"] == 1.25
+    assert hits[1]["role"] == "user"
+
+
+async def test_nothing_relevant_is_said_briefly(
+    client: httpx2.AsyncClient, scripted_upstream: Any, fake_retrieval: Any
+) -> None:
+    fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
+    response = await client.post(CHAT, json=chat_body())
+    assert response.headers["x-engram-memory"] == "used"
+    system, _user = scripted_upstream.chat_requests()[-1]["messages"]
+    assert system["role"] == "system" and "No stored memory is relevant" in system["content"]
+    assert response.json()["memory_hits"] == []
+
+
+async def test_memory_false_bypasses_recall_injection_and_turns(
+    client: httpx2.AsyncClient,
+    scripted_upstream: Any,
+    fake_retrieval: Any,
+    jetstream: Any,
+    hit: Callable[..., pb.SearchHit],
+) -> None:
+    fake_retrieval.response = pb.SearchResponse(
+        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("secret")]
+    )
+    response = await client.post(CHAT, json=chat_body(memory=False, memory_id="c"))
+    assert response.status_code == 200
+    assert response.headers["x-engram-memory"] == "bypassed"
+    assert "memory_hits" not in response.json()
+    streamed = await client.post(
+        CHAT, json=chat_body(stream=True), headers={"X-Engram-Memory": "false"}
+    )
+    assert streamed.status_code == 200
+    assert streamed.headers["x-engram-memory"] == "bypassed"
+
+    assert fake_retrieval.requests == []
+    for sent in scripted_upstream.chat_requests():
+        assert sent["messages"] == chat_body()["messages"]
+        assert "memory" not in sent and "memory_id" not in sent
+    await asyncio.sleep(0.2)
+    assert await jetstream.count() == 0
+
+
+async def test_headers_work_as_controls_and_the_body_wins(
+    client: httpx2.AsyncClient, scripted_upstream: Any, fake_retrieval: Any, jetstream: Any
+) -> None:
+    response = await client.post(
+        CHAT,
+        json=chat_body(memory_top_k=4),
+        headers={
+            "X-Engram-Memory-Id": "from-header",
+            "X-Engram-Memory-Top-K": "2",
+            "X-Engram-Memory-Recency-Weight": "0.1",
+            "X-Engram-Memory-Score-Threshold": "0.5",
+            "X-Engram-Memory-Mmr-Lambda": "0.9",
+        },
+    )
+    assert response.status_code == 200
+    (search,) = fake_retrieval.requests
+    assert search.conversation_id == "from-header"
+    assert search.top_k == 4  # the body wins
+    assert search.recency_weight == pytest.approx(0.1)
+    assert search.score_threshold == pytest.approx(0.5)
+    assert search.mmr_lambda == pytest.approx(0.9)
+    upstream_headers = scripted_upstream.requests[-1].headers
+    assert not [h for h in upstream_headers if h.lower().startswith("x-engram")]
+    user_turn, _ = await jetstream.events(2)
+    assert user_turn.data["conversation_id"] == "from-header"
+
+
+# --- turns ---------------------------------------------------------------------------
+
+
+def check_turn(event: Any, role: str, text: str, **fields: Any) -> TurnPersisted:
+    turn = TurnPersisted.model_validate(event.data)
+    assert event.subject == TurnPersisted.subject
+    assert event.headers["Nats-Msg-Id"] == turn.event_id
+    assert "traceparent" in event.headers
+    assert (turn.role, turn.text) == (role, text)
+    assert turn.turn_id == turn_id(turn.tenant, turn.request_id, turn.role)
+    for name, value in fields.items():
+        assert getattr(turn, name) == value, name
+    return turn
+
+
+async def test_openai_sdk_non_stream_and_stream_and_turns_recorded(
+    gateway: Any,
+    scripted_upstream: Any,
+    fake_retrieval: Any,
+    jetstream: Any,
+    hit: Callable[..., pb.SearchHit],
+) -> None:
+    scripted_upstream.replies = ["Miso is your cat.", "Hello from the stream"]
+    fake_retrieval.response = pb.SearchResponse(
+        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("The cat is Miso.")]
+    )
+    async with AsyncOpenAI(base_url=gateway.url + "/v1", api_key="caller-key") as sdk:
+        completion = await sdk.chat.completions.create(
+            model="test-model",
+            user="bob",
+            extra_body={"memory_id": "sdk-conv"},
+            messages=[{"role": "user", "content": "What is my cat called?"}],
+        )
+        assert completion.choices[0].message.content == "Miso is your cat."
+        assert (completion.model_extra or {})["memory_hits"][0]["text"] == "The cat is Miso."
+
+        stream = await sdk.chat.completions.create(
+            model="test-model",
+            user="bob",
+            extra_body={"memory_id": "sdk-conv"},
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Say hello"}],
+        )
+        text = "".join(
+            [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        )
+        assert text == "Hello from the stream"
+    assert scripted_upstream.chat_requests()[-1]["stream_options"] == {"include_usage": True}
+
+    events = await jetstream.events(4)
+    assert [e.seq for e in events] == [1, 2, 3, 4]
+    scope = {
+        "tenant": "default",
+        "user_id": "bob",
+        "conversation_id": "sdk-conv",
+        "model": "test-model",
+    }
+    user1 = check_turn(events[0], "user", "What is my cat called?", **scope)
+    assistant1 = check_turn(events[1], "assistant", "Miso is your cat.", **scope)
+    user2 = check_turn(events[2], "user", "Say hello", **scope)
+    assistant2 = check_turn(events[3], "assistant", "Hello from the stream", **scope)
+    assert user1.request_id == assistant1.request_id != user2.request_id == assistant2.request_id
+    assert await jetstream.count() == 4
+
+
+async def test_stream_chunks_are_relayed_as_they_arrive(
+    start_gateway: Any, gated_upstream: Any, jetstream: Any
+) -> None:
+    gated_upstream.replies = ["one two three"]
+    gateway = await start_gateway(llm_base_url=gated_upstream.base_url)
+    client = gateway.client()
+    async with client.stream("POST", CHAT, json=chat_body(stream=True)) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        chunks = response.aiter_bytes()
+        first = await asyncio.wait_for(anext(chunks), timeout=5)
+        # The upstream is still holding back the rest of the reply.
+        assert b'"role": "assistant"' in first
+        assert not gated_upstream.gate.is_set()
+        assert await jetstream.count() == 1  # the user turn; the reply is not complete
+        gated_upstream.gate.set()
+        rest = b"".join([chunk async for chunk in chunks])
+    assert rest.rstrip().endswith(b"data: [DONE]")
+    user, assistant = await jetstream.events(2)
+    check_turn(user, "user", "Hi there")
+    check_turn(assistant, "assistant", "one two three")
+
+
+async def test_stream_that_stalls_ends_with_an_error_event_and_no_assistant_turn(
+    start_gateway: Any, gated_upstream: Any, jetstream: Any
+) -> None:
+    gateway = await start_gateway(llm_base_url=gated_upstream.base_url, llm_timeout_s=0.5)
+    response = await gateway.client().post(CHAT, json=chat_body(stream=True))
+    assert response.status_code == 200
+    events = [line for line in response.text.split("\n\n") if line.startswith("data:")]
+    assert '"role": "assistant"' in events[0]
+    assert json.loads(events[-1][5:])["error"]["code"] == "upstream_timeout"
+    await asyncio.sleep(0.3)
+    assert await jetstream.count() == 1  # only the user turn
+
+
+async def test_user_turn_is_persisted_before_the_request_is_forwarded(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any
+) -> None:
+    loop = asyncio.get_running_loop()
+    seen: list[int] = []
+
+    def reply(_: dict[str, Any]) -> str:  # runs in the upstream's thread
+        seen.append(asyncio.run_coroutine_threadsafe(jetstream.count(), loop).result(10))
+        return "ok"
+
+    scripted_upstream.replies = [reply]
+    response = await client.post(CHAT, json=chat_body())
+    assert response.status_code == 200
+    assert seen == [1]
+
+
+async def test_same_request_id_is_deduplicated_by_jetstream(
+    client: httpx2.AsyncClient, jetstream: Any
+) -> None:
+    for _ in range(2):
+        response = await client.post(CHAT, json=chat_body(), headers={"X-Request-Id": "req-42"})
+        assert response.status_code == 200
+        assert response.headers["x-request-id"] == "req-42"
+    user, _assistant = await jetstream.events(2)
+    assert user.data["request_id"] == "req-42"
+    await asyncio.sleep(0.2)
+    assert await jetstream.count() == 2
+
+
+async def test_authorization_is_the_callers_unless_a_key_is_configured(
+    start_gateway: Any, scripted_upstream: Any
+) -> None:
+    open_gateway = await start_gateway()
+    client = open_gateway.client()
+    await client.post(
+        CHAT,
+        json=chat_body(),
+        headers={"Authorization": "Bearer caller-key", "Cookie": "session=1"},
+    )
+    sent = scripted_upstream.requests[-1].headers
+    assert sent["authorization"] == "Bearer caller-key"
+    assert "cookie" not in sent
+    await client.post(CHAT, json=chat_body())
+    assert "authorization" not in scripted_upstream.requests[-1].headers
+
+    keyed = await start_gateway(llm_api_key="sk-operator")
+    await keyed.client().post(
+        CHAT, json=chat_body(), headers={"Authorization": "Bearer caller-key"}
+    )
+    assert scripted_upstream.requests[-1].headers["authorization"] == "Bearer sk-operator"
+
+
+# --- bad input -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "param"),
+    [
+        (b"{not json", {}, None),
+        (b"", {}, None),
+        (b"[1, 2]", {}, None),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+            {},
+            None,
+        ),
+        (json.dumps(chat_body(memory_topk=3)).encode(), {}, "memory_topk"),
+        (json.dumps(chat_body(memory_top_k="3")).encode(), {}, "memory_top_k"),
+        (json.dumps(chat_body(memory_recency_weight=2)).encode(), {}, "memory_recency_weight"),
+        (json.dumps(chat_body(memory="no")).encode(), {}, "memory"),
+        (
+            json.dumps(chat_body()).encode(),
+            {"X-Engram-Memory-Top-K": "-1"},
+            "X-Engram-Memory-Top-K",
+        ),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), {}, "model"),
+        (json.dumps({"model": "m"}).encode(), {}, "messages"),
+        (json.dumps({"model": "m", "messages": []}).encode(), {}, "messages"),
+        (json.dumps({"model": "m", "messages": ["hi"]}).encode(), {}, "messages[0]"),
+        (json.dumps(chat_body(stream="yes")).encode(), {}, "stream"),
+    ],
+)
+async def test_bad_requests_are_400_openai_shaped_and_go_nowhere(
+    client: httpx2.AsyncClient,
+    scripted_upstream: Any,
+    fake_retrieval: Any,
+    jetstream: Any,
+    content: bytes,
+    headers: dict[str, str],
+    param: str | None,
+) -> None:
+    response = await client.post(
+        CHAT, content=content, headers={"content-type": "application/json", **headers}
+    )
+    error = assert_openai_error(response, 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    if param:
+        assert param.split("[")[0] in error["message"]
+    assert scripted_upstream.requests == []
+    assert fake_retrieval.requests == []
+    assert await jetstream.count() == 0
+
+
+async def test_oversized_body_is_413(start_gateway: Any, scripted_upstream: Any) -> None:
+    gateway = await start_gateway(gateway_max_body_bytes=2048)
+    big = chat_body(messages=[{"role": "user", "content": "x" * 4096}])
+    response = await gateway.client().post(CHAT, json=big)
+    assert_openai_error(response, 413, "request_too_large")
+    assert scripted_upstream.requests == []
+
+
+# --- upstream failures ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_upstream_500_is_502(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any, stream: bool
+) -> None:
+    scripted_upstream.fail_with = 500
+    response = await client.post(CHAT, json=chat_body(stream=stream))
+    error = assert_openai_error(response, 502, "upstream_error")
+    assert "scripted failure" in error["message"]
+    await asyncio.sleep(0.2)
+    assert await jetstream.count() == 1  # the user turn was recorded, no assistant turn
+
+
+@pytest.mark.parametrize("status", [400, 429])
+async def test_upstream_4xx_is_passed_through(
+    client: httpx2.AsyncClient, scripted_upstream: Any, status: int
+) -> None:
+    scripted_upstream.fail_with = status
+    response = await client.post(CHAT, json=chat_body())
+    assert response.status_code == status
+    assert response.json() == {
+        "error": {"message": "scripted failure", "type": "server_error", "code": None}
+    }
+
+
+async def test_upstream_timeout_is_504(start_gateway: Any, scripted_upstream: Any) -> None:
+    scripted_upstream.delay_s = 2.0
+    gateway = await start_gateway(llm_timeout_s=0.3)
+    response = await gateway.client().post(CHAT, json=chat_body())
+    assert_openai_error(response, 504, "upstream_timeout")
+
+
+async def test_unreachable_upstream_is_502(start_gateway: Any) -> None:
+    gateway = await start_gateway(llm_base_url=f"http://127.0.0.1:{free_port()}/v1")
+    response = await gateway.client().post(CHAT, json=chat_body())
+    assert_openai_error(response, 502, "upstream_unreachable")
+
+
+# --- dependencies down ---------------------------------------------------------------
+
+
+async def test_retrieval_down_the_chat_goes_on_without_memory(
+    start_gateway: Any, scripted_upstream: Any, jetstream: Any
+) -> None:
+    gateway = await start_gateway(retrieval_address=f"127.0.0.1:{free_port()}")
+    client = gateway.client()
+    response = await client.post(CHAT, json=chat_body())
+    assert response.status_code == 200
+    assert response.headers["x-engram-memory"] == "unavailable"
+    assert response.json()["memory_hits"] == []
+    assert scripted_upstream.chat_requests()[-1]["messages"] == chat_body()["messages"]
+    assert len(await jetstream.events(2)) == 2  # turns are still recorded
+
+    streamed = await client.post(CHAT, json=chat_body(stream=True))
+    assert streamed.status_code == 200
+    assert streamed.headers["x-engram-memory"] == "unavailable"
+
+    ready = await client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"] == {"retrieval": "unavailable", "nats": "ok"}
+
+
+async def test_nats_down_is_503_and_nothing_is_forwarded(
+    client: httpx2.AsyncClient, nats_server: Any, scripted_upstream: Any
+) -> None:
+    await asyncio.to_thread(nats_server.stop)
+    for _ in range(100):
+        ready = await client.get("/readyz")
+        if ready.status_code == 503:
+            break
+        await asyncio.sleep(0.05)
+    assert ready.json()["checks"]["nats"] == "unavailable"
+    assert "nats" in ready.json()["error"]["message"]
+
+    for stream in (False, True):
+        response = await client.post(CHAT, json=chat_body(stream=stream))
+        error = assert_openai_error(response, 503, "turn_not_persisted")
+        assert error["type"] == "service_unavailable"
+    assert scripted_upstream.requests == []
+
+    # Bypassing memory needs no bus.
+    bypassed = await client.post(CHAT, json=chat_body(memory=False))
+    assert bypassed.status_code == 200
