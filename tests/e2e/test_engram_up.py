@@ -51,6 +51,8 @@ class EngramUp:
         self.process.send_signal(signal.SIGINT)
         code = self.process.wait(timeout=timeout_s)
         self._reader.join(timeout=5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return code
 
 

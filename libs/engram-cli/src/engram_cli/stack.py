@@ -237,6 +237,8 @@ class Stack:
                 process.wait()
             if component.pump is not None:
                 component.pump.join(timeout=2)
+            if process.stdout is not None:
+                process.stdout.close()
             if component.log is not None:
                 component.log.close()
         self.nats.stop()
