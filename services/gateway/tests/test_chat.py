@@ -585,3 +585,20 @@ async def test_nats_down_is_503_and_nothing_is_forwarded(
     # Bypassing memory needs no bus.
     bypassed = await client.post(CHAT, json=chat_body(memory=False))
     assert bypassed.status_code == 200
+
+
+async def test_client_hanging_up_mid_stream_records_no_assistant_turn(
+    start_gateway: Any, gated_upstream: Any, jetstream: Any
+) -> None:
+    gated_upstream.replies = ["never finished"]
+    gateway = await start_gateway(llm_base_url=gated_upstream.base_url)
+    client = gateway.client()
+    async with client.stream("POST", CHAT, json=chat_body(stream=True)) as response:
+        first = await asyncio.wait_for(anext(response.aiter_bytes()), timeout=5)
+        assert first.startswith(b"data:")
+    # The client is gone; the upstream finishes anyway.
+    gated_upstream.gate.set()
+    await asyncio.sleep(0.5)
+    assert await jetstream.count() == 1  # the user turn only
+    follow_up = await client.post(CHAT, json=chat_body())
+    assert follow_up.status_code == 200

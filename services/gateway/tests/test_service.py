@@ -226,3 +226,16 @@ def test_console_script_rejects_bad_configuration() -> None:
     assert result.returncode != 0
     assert "ENGRAM_LLM_BASE_URL" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_unexpected_errors_are_500_openai_shaped(gateway: Any) -> None:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    gateway.app.state.gateway.upstream.chat = broken
+    response = await gateway.client().post(
+        CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    assert "secret internals" not in response.text
