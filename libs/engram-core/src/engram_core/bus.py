@@ -127,6 +127,9 @@ def make_broker(
         name=client_name,
         middlewares=[NatsTelemetryMiddleware()],
         graceful_timeout=graceful_timeout,
+        # A long-running service must survive a NATS restart of any length: keep
+        # reconnecting (readiness reports the outage meanwhile) instead of giving up.
+        max_reconnect_attempts=-1,
         logger=logging.getLogger("faststream.nats"),
         log_level=logging.DEBUG,
     )
