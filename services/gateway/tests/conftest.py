@@ -242,14 +242,19 @@ class GatedUpstream(ScriptedUpstream):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.gate = threading.Event()
+        self.abandoned = threading.Event()  # the gateway dropped the stream mid-way
 
     async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
         first = True
-        async for piece in super()._stream(completion_id, created, text):
-            yield piece
-            if first:
-                first = False
-                await asyncio.to_thread(self.gate.wait)
+        try:
+            async for piece in super()._stream(completion_id, created, text):
+                yield piece
+                if first:
+                    first = False
+                    await asyncio.to_thread(self.gate.wait)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.abandoned.set()
+            raise
 
 
 @pytest.fixture

@@ -596,7 +596,9 @@ async def test_client_hanging_up_mid_stream_records_no_assistant_turn(
     async with client.stream("POST", CHAT, json=chat_body(stream=True)) as response:
         first = await asyncio.wait_for(anext(response.aiter_bytes()), timeout=5)
         assert first.startswith(b"data:")
-    # The client is gone; the upstream finishes anyway.
+    # The gateway notices the client is gone and drops the upstream stream; only then
+    # may the upstream finish (otherwise the race decides whether a turn is recorded).
+    assert await asyncio.to_thread(gated_upstream.abandoned.wait, 10)
     gated_upstream.gate.set()
     await asyncio.sleep(0.5)
     assert await jetstream.count() == 1  # the user turn only
