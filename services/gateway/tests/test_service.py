@@ -195,7 +195,7 @@ async def test_console_script_serves_and_stops_cleanly(
         while line := await asyncio.wait_for(process.stderr.readline(), timeout=20):
             record = json.loads(line)
             records.append(record)
-            assert record["service"] == "gateway"
+            assert record["service"] == "engram-gateway"
             if record["event"] == "gateway listening":
                 url = record["url"]
                 break

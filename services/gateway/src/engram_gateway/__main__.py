@@ -7,9 +7,9 @@ import sys
 
 import uvicorn
 
-from engram_core.logging import configure_logging, get_logger
+from engram_core.logging import get_logger
+from engram_core.observability import setup_observability
 from engram_core.settings import load_settings
-from engram_core.telemetry import setup_telemetry
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
 
@@ -46,8 +46,7 @@ class _Server(uvicorn.Server):
 
 def main() -> None:
     settings = load_settings(GatewaySettings)
-    configure_logging("gateway", settings.log_level, settings.log_format)
-    telemetry = setup_telemetry("engram-gateway", settings.traces_file)
+    telemetry = setup_observability("engram-gateway", settings)
     try:
         server = _Server(
             uvicorn.Config(

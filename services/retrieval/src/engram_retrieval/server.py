@@ -12,10 +12,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
-from engram_core.logging import configure_logging, get_logger
+from engram_core.logging import get_logger
+from engram_core.observability import setup_observability
 from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVICE_NAME
-from engram_core.telemetry import instrument_grpc_server, setup_telemetry
+from engram_core.telemetry import instrument_grpc_server
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import RankingParams
 from engram_retrieval.relevance import (
@@ -152,8 +153,7 @@ async def build_server(
 
 async def serve(settings: RetrievalSettings) -> None:
     """Run the retrieval service until SIGTERM/SIGINT, then shut down gracefully."""
-    configure_logging("retrieval", settings.log_level, settings.log_format)
-    telemetry = setup_telemetry("engram-retrieval", settings.traces_file)
+    telemetry = setup_observability("engram-retrieval", settings)
     try:
         instrument_grpc_server()
         running = await build_server(settings)

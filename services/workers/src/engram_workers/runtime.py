@@ -51,10 +51,11 @@ from engram_core.bus import (
     publish_event,
 )
 from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
-from engram_core.logging import configure_logging, get_logger
+from engram_core.logging import get_logger
+from engram_core.observability import setup_observability
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import EngramSettings, load_settings
-from engram_core.telemetry import instrument_grpc_client, setup_telemetry
+from engram_core.telemetry import instrument_grpc_client
 from engram_workers.health import HealthServer
 
 __all__ = [
@@ -489,8 +490,7 @@ async def _serve_until_signalled(spec: WorkerSpec[Any], settings: WorkerSettings
 def run_worker(spec: WorkerSpec[Any], settings_cls: type[WorkerSettings]) -> None:
     """A worker's ``main``: settings, logging, tracing, then serve until SIGTERM/SIGINT."""
     settings = load_settings(settings_cls)
-    configure_logging(spec.service_name, settings.log_level, settings.log_format)
-    telemetry = setup_telemetry(spec.service_name, settings.traces_file)
+    telemetry = setup_observability(spec.service_name, settings)
     try:
         asyncio.run(_serve_until_signalled(spec, settings))
     except Exception as exc:

@@ -1,0 +1,17 @@
+"""One call that gives a process its logs and traces under one service name."""
+
+from __future__ import annotations
+
+from engram_core.logging import configure_logging
+from engram_core.settings import EngramSettings
+from engram_core.telemetry import Telemetry, setup_telemetry
+
+
+def setup_observability(service_name: str, settings: EngramSettings) -> Telemetry:
+    """structlog + OpenTelemetry for ``service_name`` (e.g. ``engram-gateway``).
+
+    Log lines and spans carry the same service name, so a log line's ``trace_id``
+    leads straight to the trace. ``OTEL_SERVICE_NAME`` still overrides the span name.
+    """
+    configure_logging(service_name, settings.log_level, settings.log_format)
+    return setup_telemetry(service_name, settings.traces_file)
