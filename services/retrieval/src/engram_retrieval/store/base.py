@@ -76,6 +76,27 @@ class StoredPoint:
         return str(self.payload.get("created_at") or "")
 
 
+def dense_vector_of(raw: Any) -> np.ndarray | None:
+    """The dense vector from a record's vector field (plain list or named vectors)."""
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        raw = raw.get(DENSE_VECTOR)
+        if raw is None:
+            return None
+    return np.asarray(raw, dtype=np.float32)
+
+
+def stored_point(record: Any, *, score: float | None = None) -> StoredPoint:
+    """A StoredPoint from either adapter's record (both expose id, payload, vector)."""
+    return StoredPoint(
+        id=str(record.id),
+        payload=dict(record.payload or {}),
+        vector=dense_vector_of(record.vector),
+        score=score,
+    )
+
+
 @dataclass(frozen=True)
 class PageCursor:
     """Position in newest-first order: (created_at desc, id asc)."""

@@ -55,6 +55,7 @@ from engram_retrieval.store.base import (
     foreign_ids,
     merge_hybrid,
     newest_first_page,
+    stored_point,
 )
 
 T = TypeVar("T")
@@ -86,25 +87,6 @@ def to_edge_filter(flt: PointFilter, *, before: str | None = None, at: str | Non
     if at is not None:
         must.append(FieldCondition("created_at", range=RangeDateTime(gte=at, lte=at)))
     return Filter(must=must, must_not=must_not or None)
-
-
-def _vector_of(raw: Any) -> np.ndarray | None:
-    if raw is None:
-        return None
-    if isinstance(raw, dict):
-        raw = raw.get(DENSE_VECTOR)
-        if raw is None:
-            return None
-    return np.asarray(raw, dtype=np.float32)
-
-
-def _point(record: Any, *, score: float | None = None) -> StoredPoint:
-    return StoredPoint(
-        id=str(record.id),
-        payload=dict(record.payload or {}),
-        vector=_vector_of(record.vector),
-        score=score,
-    )
 
 
 class EdgeStore:
@@ -175,7 +157,7 @@ class EdgeStore:
             ]
         )
         results = await self._run(self._shard.query_batch, batch)
-        rows = [[_point(r, score=float(r.score)) for r in found] for found in results]
+        rows = [[stored_point(r, score=float(r.score)) for r in found] for found in results]
         step = len(queries)
         return [
             merge_hybrid(vector, rows[i], rows[i + 1] if step == 2 else [])
@@ -190,7 +172,7 @@ class EdgeStore:
         records = await self._run(
             self._shard.retrieve, list(ids), True, [DENSE_VECTOR] if with_vectors else False
         )
-        points = [_point(r) for r in records]
+        points = [stored_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
@@ -215,7 +197,7 @@ class EdgeStore:
             order_by=OrderBy("created_at", direction=Direction.Desc),
         )
         records, _ = await self._run(self._shard.scroll, request)
-        return [_point(r) for r in records]
+        return [stored_point(r) for r in records]
 
     async def _at(
         self, flt: PointFilter, instant: str, after_id: str | None, limit: int
@@ -229,7 +211,7 @@ class EdgeStore:
             with_vector=False,
         )
         records, _ = await self._run(self._shard.scroll, request)
-        points = [_point(r) for r in records]
+        points = [stored_point(r) for r in records]
         return [p for p in points if p.id != after_id][:limit]
 
     async def count(self, flt: PointFilter) -> int:

@@ -27,6 +27,7 @@ from engram_retrieval.store.base import (
     foreign_ids,
     merge_hybrid,
     newest_first_page,
+    stored_point,
 )
 
 
@@ -62,25 +63,6 @@ def to_qdrant_filter(
     if at is not None:
         must.append(m.FieldCondition(key="created_at", range=m.DatetimeRange(gte=at, lte=at)))
     return m.Filter(must=must, must_not=must_not or None)
-
-
-def _vector_of(raw: Any) -> np.ndarray | None:
-    if raw is None:
-        return None
-    if isinstance(raw, dict):
-        raw = raw.get(DENSE_VECTOR)
-        if raw is None:
-            return None
-    return np.asarray(raw, dtype=np.float32)
-
-
-def _point(record: Any, *, score: float | None = None) -> StoredPoint:
-    return StoredPoint(
-        id=str(record.id),
-        payload=dict(record.payload or {}),
-        vector=_vector_of(record.vector),
-        score=score,
-    )
 
 
 class QdrantStore:
@@ -152,7 +134,7 @@ class QdrantStore:
             for query, using in queries
         ]
         responses = await self._client.query_batch_points(self.collection, requests)
-        rows = [[_point(p, score=float(p.score)) for p in r.points] for r in responses]
+        rows = [[stored_point(p, score=float(p.score)) for p in r.points] for r in responses]
         step = len(queries)
         return [
             merge_hybrid(vector, rows[i], rows[i + 1] if step == 2 else [])
@@ -170,7 +152,7 @@ class QdrantStore:
             with_payload=True,
             with_vectors=[DENSE_VECTOR] if with_vectors else False,
         )
-        points = [_point(r) for r in records]
+        points = [stored_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
@@ -197,7 +179,7 @@ class QdrantStore:
             with_payload=True,
             with_vectors=False,
         )
-        return [_point(r) for r in records]
+        return [stored_point(r) for r in records]
 
     async def _at(
         self, flt: PointFilter, instant: str, after_id: str | None, limit: int
@@ -210,7 +192,7 @@ class QdrantStore:
             with_payload=True,
             with_vectors=False,
         )
-        points = [_point(r) for r in records]
+        points = [stored_point(r) for r in records]
         return [p for p in points if p.id != after_id][:limit]
 
     async def count(self, flt: PointFilter) -> int:
