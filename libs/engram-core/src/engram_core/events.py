@@ -66,9 +66,6 @@ class TurnPersisted(Event):
     )
 
 
-ALL_EVENTS: tuple[type[Event], ...] = (TurnPersisted,)
-
-
 def dlq_subject(worker: str) -> str:
     """Dead-letter subject for one worker: ``engram.dlq.<worker>``."""
     return f"{DLQ_PREFIX}.{worker}"
@@ -86,3 +83,107 @@ class DeadLetter(BaseModel):
     original_headers: dict[str, str] = Field(default_factory=dict)
     original_body: str = Field(description="The original payload, decoded as UTF-8 (replaced).")
     failed_at: datetime = Field(default_factory=utcnow)
+
+
+# --- the learning write path ---------------------------------------------------------
+
+ProfileCategory = Literal["identity", "preference", "constraint", "instruction"]
+MemoryKindName = Literal["turn", "fact", "profile", "summary", "episode"]
+
+
+class ProposedProfileFact(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    category: ProfileCategory
+    key: NonEmpty
+    value: NonEmpty
+    confidence: float = Field(ge=0.0, le=1.0)
+    importance: float = Field(default=0.5, ge=0.0, le=1.0)
+
+
+class FactProposed(Event):
+    """Facts the ingest worker extracted from one user turn, for reconcile to apply."""
+
+    subject: ClassVar[str] = "engram.fact.proposed.v1"
+
+    type: Literal["fact.proposed"] = "fact.proposed"
+    source_turn_id: NonEmpty = Field(description="Memory id of the user turn.")
+    source_id: str = Field(default="", description="The turn's external id, if any.")
+    turn_created_at: datetime
+    facts: list[NonEmpty] = Field(default_factory=list, max_length=3)
+    profile: list[ProposedProfileFact] = Field(default_factory=list)
+    model: str = Field(default="", description="The chat model of the turn (LLM fallback).")
+
+
+class MemoryRecord(BaseModel):
+    """A memory as events carry it: the pydantic twin of ``pb.Memory``.
+
+    Conversion to and from protobuf lives in :mod:`engram_core.memory_record`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: NonEmpty
+    kind: MemoryKindName
+    text: str
+    role: str = ""
+    user_id: str = ""
+    conversation_id: NonEmpty = DEFAULT_CONVERSATION
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    source_id: str = ""
+    turn_index: int = 0
+    source_turn_ids: list[str] = Field(default_factory=list)
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
+    superseded_by: str = ""
+    tags: list[str] = Field(default_factory=list)
+    profile: ProposedProfileFact | None = None
+    turn_range: tuple[int, int] | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+MemoryChangeOp = Literal["created", "updated", "superseded", "deleted", "evicted"]
+
+
+class MemoryChanged(Event):
+    """One applied change to the index. ``memory`` is the state after the change
+    (for ``deleted``/``evicted``: the state just before removal)."""
+
+    subject: ClassVar[str] = "engram.memory.changed.v1"
+
+    type: Literal["memory.changed"] = "memory.changed"
+    op: MemoryChangeOp
+    memory: MemoryRecord
+    cause: str = Field(
+        default="", description="Who/why: ingest, reconcile:ADD, reconcile:UPDATE, evict, ..."
+    )
+    related_ids: list[str] = Field(
+        default_factory=list,
+        description="Other memories involved, e.g. the fact that superseded this one.",
+    )
+
+
+MemoryEditOp = Literal["upserted", "deleted"]
+
+
+class MemoryEdited(Event):
+    """A human edited, created or deleted a memory's Markdown file in the mirror."""
+
+    subject: ClassVar[str] = "engram.memory.edited.v1"
+
+    type: Literal["memory.edited"] = "memory.edited"
+    op: MemoryEditOp
+    memory: MemoryRecord = Field(description="For 'deleted', the last known state.")
+    path: str = Field(description="The file, relative to the mirror root.")
+
+
+ALL_EVENTS: tuple[type[Event], ...] = (TurnPersisted, FactProposed, MemoryChanged, MemoryEdited)
+
+
+def deterministic_event_id(*parts: str) -> str:
+    """An event id derived from its content, so a re-publish is de-duplicated."""
+    return str(uuid.uuid5(_EVENT_NAMESPACE, "\x1f".join(parts)))
+
+
+_EVENT_NAMESPACE = uuid.UUID("6f1d3c52-2b8e-4f0e-9a51-0c7e2f0d9a11")
