@@ -23,7 +23,16 @@ from starlette.routing import Route
 
 from engram_cli.nats_server import free_port
 
-Reply = str | Callable[[dict[str, Any]], str]
+
+@dataclass(frozen=True)
+class UpstreamError:
+    """A scripted failure: the upstream answers with this status and message."""
+
+    status: int
+    message: str = "scripted failure"
+
+
+Reply = str | UpstreamError | Callable[[dict[str, Any]], "str | UpstreamError"]
 
 
 @dataclass
@@ -55,7 +64,7 @@ class ScriptedUpstream:
     def chat_requests(self) -> list[dict[str, Any]]:
         return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
 
-    def _next_reply(self, body: dict[str, Any]) -> str:
+    def _next_reply(self, body: dict[str, Any]) -> str | UpstreamError:
         index = len(self.chat_requests()) - 1
         reply = self.replies[min(index, len(self.replies) - 1)]
         return reply(body) if callable(reply) else reply
@@ -71,6 +80,11 @@ class ScriptedUpstream:
                 status_code=self.fail_with,
             )
         text = self._next_reply(body)
+        if isinstance(text, UpstreamError):
+            return JSONResponse(
+                {"error": {"message": text.message, "type": "scripted_error", "code": None}},
+                status_code=text.status,
+            )
         created = int(time.time())
         completion_id = f"chatcmpl-{len(self.requests)}"
         if body.get("stream"):
