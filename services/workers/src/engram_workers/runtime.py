@@ -25,7 +25,7 @@ import json
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -198,6 +198,11 @@ class Delivery:
     def retrieval(self) -> RetrievalClient:
         return self.worker.retrieval
 
+    @property
+    def resources(self) -> Any:
+        """What the spec's ``resources`` factory yielded (LLM client, locks, ...)."""
+        return self.worker.resources
+
 
 @dataclass(frozen=True)
 class WorkerSpec(Generic[E]):
@@ -212,6 +217,9 @@ class WorkerSpec(Generic[E]):
     event: type[E]
     handle: Callable[[E, Delivery], Awaitable[None]]
     uses_retrieval: bool = True
+    #: Opened at startup (after NATS and retrieval), closed after the consumer stopped;
+    #: what it yields is ``Delivery.resources``.
+    resources: Callable[[Worker[Any]], AbstractAsyncContextManager[Any]] | None = None
 
     @property
     def service_name(self) -> str:
@@ -236,6 +244,8 @@ class Worker(Generic[E]):
             graceful_timeout=settings.shutdown_grace_s,
         )
         self._retrieval: RetrievalClient | None = None
+        self._resources_stack = AsyncExitStack()
+        self.resources: Any = None
         self._consuming = False
         self.health = (
             HealthServer(settings.health_host, settings.health_port, self.readiness)
@@ -313,6 +323,10 @@ class Worker(Generic[E]):
         info = await ensure_consumer(self.settings.nats_url, self.consumer_config())
         if self.spec.uses_retrieval:
             self._retrieval = RetrievalClient(self.settings.retrieval_address)
+        if self.spec.resources is not None:
+            self.resources = await self._resources_stack.enter_async_context(
+                self.spec.resources(self)
+            )
         log.info(
             "worker.consumer_ready",
             worker=self.spec.name,
@@ -333,6 +347,8 @@ class Worker(Generic[E]):
 
     async def _after_shutdown(self) -> None:
         # The broker has stopped (in-flight handlers done, connection drained).
+        await self._resources_stack.aclose()
+        self.resources = None
         if self._retrieval is not None:
             await self._retrieval.close()
             self._retrieval = None

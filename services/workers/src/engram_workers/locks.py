@@ -1,0 +1,107 @@
+"""Per-key mutual exclusion across worker replicas, on a JetStream key-value bucket.
+
+Two reconcile (or summarize) replicas must not work on the same conversation at once.
+A lock is a KV key created only if absent (an atomic compare-and-set on the stream);
+its holder refreshes it while working, and the bucket's TTL frees the lock of a
+crashed holder. Waiters poll with jitter until the key is free or they time out, in
+which case the caller raises a retryable error and the message is redelivered later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+import nats
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+from engram_core.bus import nats_servers
+from engram_core.logging import get_logger
+
+log = get_logger(__name__)
+
+LOCK_BUCKET = "ENGRAM_LOCKS"
+
+
+class LockTimeout(Exception):
+    """The lock stayed busy for longer than the caller was willing to wait."""
+
+
+class KeyLocks:
+    """Locks named by arbitrary string parts, shared by every process on one NATS."""
+
+    def __init__(self, kv: KeyValue, nc: Client, *, ttl_s: float, wait_s: float) -> None:
+        self._kv = kv
+        self._nc = nc
+        self.ttl_s = ttl_s
+        self.wait_s = wait_s
+        self.owner = uuid.uuid4().hex
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls, nats_url: str, *, ttl_s: float = 30.0, wait_s: float = 60.0
+    ) -> AsyncIterator[KeyLocks]:
+        nc = await nats.connect(servers=nats_servers(nats_url), max_reconnect_attempts=-1)
+        try:
+            js = nc.jetstream()
+            try:
+                kv = await js.key_value(LOCK_BUCKET)
+            except NotFoundError:  # the bucket does not exist yet
+                kv = await js.create_key_value(
+                    KeyValueConfig(
+                        bucket=LOCK_BUCKET, history=1, ttl=ttl_s, storage=StorageType.FILE
+                    )
+                )
+            yield cls(kv, nc, ttl_s=ttl_s, wait_s=wait_s)
+        finally:
+            await nc.close()
+
+    @staticmethod
+    def key(*parts: str) -> str:
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:40]
+
+    @asynccontextmanager
+    async def hold(self, *parts: str) -> AsyncIterator[None]:
+        key = self.key(*parts)
+        revision = await self._acquire(key)
+        refresher = asyncio.create_task(self._refresh(key, revision))
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            with suppress(asyncio.CancelledError):
+                await refresher
+            with suppress(Exception):
+                await self._kv.delete(key)
+
+    async def _acquire(self, key: str) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        delay = 0.02
+        while True:
+            try:
+                return await self._kv.create(key, self.owner.encode())
+            except KeyWrongLastSequenceError:
+                if loop.time() > deadline:
+                    raise LockTimeout(f"lock busy for more than {self.wait_s:.0f}s") from None
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    async def _refresh(self, key: str, revision: int) -> None:
+        # A refresh re-publishes the key, restarting its TTL; losing the race to a
+        # stale-lock take-over is logged (the holder's work is idempotent either way).
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                revision = await self._kv.update(key, self.owner.encode(), last=revision)
+            except KeyWrongLastSequenceError:
+                log.warning("lock.lost", key=key)
+                return
