@@ -17,6 +17,23 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return run_stack(load_settings(StackSettings, **overrides))
 
 
+def _cmd_scripted_llm(args: argparse.Namespace) -> int:
+    import time
+
+    from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+
+    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply=args.reply)])
+    upstream.port = args.port
+    upstream.start()
+    print(f"engram: scripted LLM at {upstream.base_url} (Ctrl-C stops)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        upstream.stop()
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from engram_cli.bench import run_bench
 
@@ -32,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start the local stack (nats, retrieval, gateway, workers)")
     up.add_argument("--data-dir", help="state directory (default: $ENGRAM_DATA_DIR or .engram)")
     up.set_defaults(func=_cmd_up)
+
+    scripted = commands.add_parser(
+        "scripted-llm",
+        help="a deterministic rule-based OpenAI-compatible server (demos, benchmarks)",
+    )
+    scripted.add_argument("--port", type=int, default=11434, help="port on 127.0.0.1")
+    scripted.add_argument("--reply", default="Noted.", help="the reply to every chat")
+    scripted.set_defaults(func=_cmd_scripted_llm)
 
     from engram_cli.bench import add_bench_parser
 

@@ -1,0 +1,313 @@
+"""A scripted OpenAI-compatible upstream server that records every request.
+
+It speaks the Chat Completions wire format (JSON and SSE streaming) with
+deterministic replies, so the gateway's production code path — the ``openai``
+package over HTTP — is exercised unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engram_cli.nats_server import free_port
+
+
+@dataclass(frozen=True)
+class UpstreamError:
+    """A scripted failure: the upstream answers with this status and message."""
+
+    status: int
+    message: str = "scripted failure"
+
+
+Reply = str | UpstreamError | Callable[[dict[str, Any]], "str | UpstreamError"]
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class ScriptedUpstream:
+    """Replies with ``replies`` in order (the last one repeats); records requests."""
+
+    replies: list[Reply] = field(default_factory=lambda: ["OK."])
+    model: str = "scripted-model"
+    requests: list[RecordedRequest] = field(default_factory=list)
+    fail_with: int | None = None  # respond with this HTTP status instead
+    delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.port = free_port()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def chat_requests(self) -> list[dict[str, Any]]:
+        return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
+
+    def _next_reply(self, body: dict[str, Any]) -> str | UpstreamError:
+        index = len(self.chat_requests()) - 1
+        reply = self.replies[min(index, len(self.replies) - 1)]
+        return reply(body) if callable(reply) else reply
+
+    async def _chat(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(RecordedRequest(request.url.path, dict(request.headers), body))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_with is not None:
+            return JSONResponse(
+                {"error": {"message": "scripted failure", "type": "server_error", "code": None}},
+                status_code=self.fail_with,
+            )
+        text = self._next_reply(body)
+        if isinstance(text, UpstreamError):
+            return JSONResponse(
+                {"error": {"message": text.message, "type": "scripted_error", "code": None}},
+                status_code=text.status,
+            )
+        created = int(time.time())
+        completion_id = f"chatcmpl-{len(self.requests)}"
+        if body.get("stream"):
+            return StreamingResponse(
+                self._stream(completion_id, created, text), media_type="text/event-stream"
+            )
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": body.get("model", self.model),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": text},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": 10,
+                    "completion_tokens": len(text.split()),
+                    "total_tokens": 10 + len(text.split()),
+                },
+            }
+        )
+
+    async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            return f"data: {json.dumps(payload)}\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        for word in text.split(" "):
+            yield chunk(
+                {"content": word + " "} if word != text.split(" ")[-1] else {"content": word}
+            )
+        yield chunk({}, "stop")
+        yield "data: [DONE]\n\n"
+
+    async def _models(self, request: Request) -> Response:
+        self.requests.append(RecordedRequest(request.url.path, dict(request.headers), {}))
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": self.model, "object": "model", "created": 0, "owned_by": "scripted"}
+                ],
+            }
+        )
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    def start(self) -> ScriptedUpstream:
+        config = uvicorn.Config(
+            self.app(), host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("scripted upstream did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+# --- a deterministic, rule-based stand-in for a model ----------------------------------
+
+_TASK_PREFIX = "engram-task:"
+_CHIT_CHAT = re.compile(
+    r"^(hi|hello|hey|thanks|thank you|ok|okay|bye|good (morning|night|evening)|"
+    r"how are you|nice|cool|great|lol)\b[\s!.,]*$",
+    re.IGNORECASE,
+)
+_FILLERS = re.compile(
+    r"^(sorry,?\s*i misspoke:?|actually,?|well,?|oh,?|btw,?|by the way,?|also,?|so,?)\s*",
+    re.IGNORECASE,
+)
+_UNSURE = re.compile(
+    r"\b(i think|i guess|maybe|probably)\b\s*|\b(might|may|could) be\b", re.IGNORECASE
+)
+_SURE = re.compile(r",?\s*\b(definitely|for sure|certainly)\b", re.IGNORECASE)
+_OPPOSITES = {"loves": "hates", "hates": "loves", "likes": "dislikes", "dislikes": "likes"}
+_PROFILE_PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"^User's name is (\w+)", re.I), "identity", "name"),
+    (re.compile(r"^User's wife's name is (\w+)", re.I), "identity", "wife_name"),
+    (re.compile(r"^User is allergic to ([\w ]+)", re.I), "constraint", "allergy"),
+    (re.compile(r"^User prefers ([\w ]+)", re.I), "preference", "general"),
+]
+
+
+def _third_person(sentence: str) -> str:
+    s = sentence.strip().rstrip(".!")
+    s = re.sub(r"\bI'm\b", "User is", s)
+    s = re.sub(r"\bI am\b", "User is", s)
+    s = re.sub(
+        r"^I (\w+?)(e?s)?\b",
+        lambda m: f"User {m.group(1)}{'es' if m.group(1).endswith(('sh', 'ch')) else 's'}",
+        s,
+    )
+    s = re.sub(r"\bmy\b", "User's", s, flags=re.IGNORECASE)
+    s = re.sub(r"\bme\b", "User", s)
+    return s[0].upper() + s[1:] if s else s
+
+
+class RuleBasedBrain:
+    """Answers Engram's worker tasks by simple rules, and chats with a fixed reply.
+
+    Deterministic and dependency-free: for tests, demos and write-path benchmarks
+    where a real model is not the point. It understands first-person statements
+    ("I love pizza", "My wife's name is Anne"), hedges ("I think…" lowers confidence),
+    corrections of "<subject> is <value>" facts (UPDATE) and love/hate reversals
+    (DELETE), and treats greetings and questions as chit-chat.
+    """
+
+    def __init__(self, chat_reply: str = "Noted.") -> None:
+        self.chat_reply = chat_reply
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        messages = body.get("messages") or []
+        system = messages[0].get("content", "") if messages else ""
+        if not isinstance(system, str) or not system.startswith(_TASK_PREFIX):
+            return self.chat_reply
+        task = system[len(_TASK_PREFIX) :].split("\n", 1)[0].strip()
+        payload = json.loads(messages[1]["content"])
+        handler = getattr(self, f"_task_{task}", None)
+        if handler is None:
+            return json.dumps({"error": f"unknown task {task}"})
+        return json.dumps(handler(payload))
+
+    def _task_extract_facts(self, payload: dict[str, Any]) -> dict[str, Any]:
+        facts: list[str] = []
+        profile: list[dict[str, Any]] = []
+        for raw in re.split(r"(?<=[.!?])\s+", payload.get("message", "")):
+            sentence = _FILLERS.sub("", raw.strip())
+            if not sentence or sentence.endswith("?") or _CHIT_CHAT.match(sentence):
+                continue
+            confidence = 0.9
+            if _UNSURE.search(sentence):
+                confidence = 0.4
+                sentence = _UNSURE.sub(lambda m: "is" if m.group(2) else "", sentence)
+            if _SURE.search(sentence):
+                confidence = 0.95
+                sentence = _SURE.sub("", sentence)
+            if not re.match(r"^(i|i'm|my)\b", sentence, re.IGNORECASE):
+                continue
+            fact = _third_person(sentence)
+            if len(facts) < 3:
+                facts.append(fact)
+            for pattern, category, key in _PROFILE_PATTERNS:
+                match = pattern.match(fact)
+                if match:
+                    profile.append(
+                        {
+                            "category": category,
+                            "key": key,
+                            "value": match.group(1).strip(),
+                            "confidence": confidence,
+                            "importance": 0.8,
+                        }
+                    )
+        return {"facts": facts, "profile": profile}
+
+    def _task_reconcile(self, payload: dict[str, Any]) -> dict[str, Any]:
+        existing = {m["id"]: m["text"] for m in payload.get("existing", [])}
+        decisions = []
+        for index, fact in enumerate(payload.get("new_facts", [])):
+            decisions.append({"fact": index, **self._decide(fact, existing)})
+        return {"decisions": decisions}
+
+    @staticmethod
+    def _decide(fact: str, existing: dict[int, str]) -> dict[str, Any]:
+        norm = fact.lower().rstrip(".")
+        words = norm.split()
+        for mid, text in existing.items():
+            other = text.lower().rstrip(".")
+            if other == norm:
+                return {"event": "NONE", "target": mid}
+            other_words = other.split()
+            if (
+                len(words) == len(other_words) >= 3
+                and words[0] == other_words[0]
+                and _OPPOSITES.get(words[1]) == other_words[1]
+                and words[2:] == other_words[2:]
+            ):
+                return {"event": "DELETE", "target": mid}
+            if " is " in norm and " is " in other:
+                subject, _, _ = norm.rpartition(" is ")
+                other_subject, _, _ = other.rpartition(" is ")
+                if subject == other_subject:
+                    return {"event": "UPDATE", "target": mid, "text": fact}
+        return {"event": "ADD"}
+
+    def _task_summarize(self, payload: dict[str, Any]) -> dict[str, Any]:
+        parts = [p for p in re.split(r"(?<=\.)\s+", payload.get("previous_summary", "")) if p]
+        for fact in payload.get("new_facts", []):
+            sentence = fact.rstrip(".") + "."
+            if sentence not in parts:
+                parts.append(sentence)
+        return {"summary": " ".join(parts)[-2000:]}
+
+    def _task_episode(self, payload: dict[str, Any]) -> dict[str, Any]:
+        said = [t["text"].rstrip(".") for t in payload.get("turns", []) if t.get("role") == "user"]
+        head = f"Turns {payload.get('first_turn')}-{payload.get('last_turn')}: "
+        return {"summary": (head + "; ".join(said))[:2000]}
