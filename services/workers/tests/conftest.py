@@ -139,6 +139,9 @@ class IngestHarness:
             "retry_backoff_s": (0.1,),
             "ack_wait_s": 5.0,
             "shutdown_grace_s": 5.0,
+            # The fake retrieval has no List and there is no LLM here; extraction is
+            # tested against the real retrieval service in test_extraction.py.
+            "extraction_enabled": False,
             **overrides,
         }
         return IngestSettings(**values)
