@@ -1,0 +1,548 @@
+"""The file mirror's on-disk format: where a memory's Markdown file lives and what it says.
+
+One memory is one Markdown file: YAML front matter with every field of the memory,
+then its text as the body. Shared by the file-mirror worker (which writes and watches
+the tree) and ``engram rebuild`` (which reads it back into the index); docs/mirror.md
+describes the layout for humans.
+
+```
+<root>/<tenant>/<conversation>/turns/{user,assistant}/<stamp>__<id>.md
+                               facts/ profile/ episodes/  <stamp>__<id>.md
+                               summaries/summary.md
+                               deleted/<same sub-path>/<stamp>__<id>.md   (tombstones)
+```
+
+Tenant and conversation ids may contain anything, so they are percent-encoded into
+a single safe path component (never ``.``/``..``, never a separator).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from engram_core.events import MemoryRecord
+
+__all__ = [
+    "DELETED_DIR",
+    "KIND_DIRS",
+    "SUMMARY_FILE",
+    "MirrorFile",
+    "MirrorFormatError",
+    "MirrorPath",
+    "Tombstone",
+    "classify",
+    "content_sha256",
+    "decode_component",
+    "encode_component",
+    "file_stamp",
+    "format_time",
+    "id_from_name",
+    "live_path",
+    "memory_files",
+    "parse",
+    "render",
+    "tombstone_path",
+]
+
+KIND_DIRS: dict[str, str] = {
+    "turn": "turns",
+    "fact": "facts",
+    "profile": "profile",
+    "episode": "episodes",
+    "summary": "summaries",
+}
+_KIND_BY_DIR = {directory: kind for kind, directory in KIND_DIRS.items()}
+#: Turn roles with a directory of their own; any other role goes to ``turns/other``.
+TURN_ROLE_DIRS = ("user", "assistant", "system", "tool")
+OTHER_ROLE_DIR = "other"
+DELETED_DIR = "deleted"
+SUMMARY_FILE = "summary.md"
+FILE_SUFFIX = ".md"
+#: Separates the stamp from the id in a file name: ``20260301T123000Z__<uuid>.md``.
+NAME_SEPARATOR = "__"
+_CANONICAL_NAME = re.compile(
+    r"^(?:\d{8}T\d{6}Z|undated)__(?P<id>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.md$"
+)
+
+TombstoneReason = Literal["superseded", "deleted", "evicted"]
+
+
+class MirrorFormatError(ValueError):
+    """A file is not a valid memory; the message says why (never the file's text)."""
+
+
+class Tombstone(BaseModel):
+    """Why and when a memory left the live tree; front matter key ``tombstone``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: TombstoneReason
+    at: datetime
+    cause: str = ""
+
+
+# --- path components -------------------------------------------------------------------
+
+_SAFE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+#: Longer encodings are cut and suffixed with a hash (file systems cap names at 255 bytes).
+MAX_COMPONENT = 120
+_HASHED_MARK = "~"
+
+
+def encode_component(value: str) -> str:
+    """One safe, reversible path component for an arbitrary id.
+
+    Letters, digits, ``-``, ``_`` and ``.`` stay; everything else (and a leading dot,
+    so ``.``, ``..`` and hidden names cannot occur) becomes ``%XX`` per UTF-8 byte.
+    Encodings longer than :data:`MAX_COMPONENT` keep a prefix plus ``~`` and a hash;
+    those are not reversible (:func:`decode_component` gives None) and the ids come
+    from the front matter instead.
+    """
+    if not value:
+        raise ValueError("an empty id has no path component")
+    out: list[str] = []
+    for i, char in enumerate(value):
+        if char in _SAFE_CHARS and not (i == 0 and char == "."):
+            out.append(char)
+        else:
+            out.extend(f"%{byte:02X}" for byte in char.encode("utf-8"))
+    encoded = "".join(out)
+    if len(encoded) <= MAX_COMPONENT:
+        return encoded
+    digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
+    prefix = encoded[: MAX_COMPONENT - len(digest) - 1]
+    # Never cut a %XX escape in half.
+    cut = prefix.rfind("%")
+    if cut >= len(prefix) - 2 and cut != -1:
+        prefix = prefix[:cut]
+    return f"{prefix}{_HASHED_MARK}{digest}"
+
+
+def decode_component(name: str) -> str | None:
+    """The id an :func:`encode_component` name stands for; None when it is not one."""
+    if not name or _HASHED_MARK in name or name.startswith("."):
+        return None
+    raw = bytearray()
+    i = 0
+    while i < len(name):
+        char = name[i]
+        if char == "%":
+            hex_part = name[i + 1 : i + 3]
+            if len(hex_part) != 2 or not all(c in "0123456789ABCDEFabcdef" for c in hex_part):
+                return None
+            raw.append(int(hex_part, 16))
+            i += 3
+        elif char in _SAFE_CHARS:
+            raw.extend(char.encode("ascii"))
+            i += 1
+        else:
+            return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+# --- layout ----------------------------------------------------------------------------
+
+
+def format_time(value: datetime) -> str:
+    """UTC ISO 8601 with ``Z``; microseconds only when there are some (lossless)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def file_stamp(record: MemoryRecord) -> str:
+    """The sortable prefix of a file name: ``20260301T123000Z`` (``undated`` if unknown)."""
+    if record.created_at is None:
+        return "undated"
+    created = record.created_at
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    return created.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _sub_dirs(record: MemoryRecord) -> tuple[str, ...]:
+    if record.kind == "turn":
+        role = record.role if record.role in TURN_ROLE_DIRS else OTHER_ROLE_DIR
+        return (KIND_DIRS["turn"], role)
+    return (KIND_DIRS[record.kind],)
+
+
+def _dated_name(record: MemoryRecord) -> str:
+    return f"{file_stamp(record)}{NAME_SEPARATOR}{record.id}{FILE_SUFFIX}"
+
+
+def _conversation_dir(tenant: str, record: MemoryRecord) -> PurePosixPath:
+    return PurePosixPath(encode_component(tenant), encode_component(record.conversation_id))
+
+
+def live_path(tenant: str, record: MemoryRecord) -> PurePosixPath:
+    """Where a current memory lives, relative to the mirror root."""
+    name = SUMMARY_FILE if record.kind == "summary" else _dated_name(record)
+    return _conversation_dir(tenant, record).joinpath(*_sub_dirs(record), name)
+
+
+def tombstone_path(tenant: str, record: MemoryRecord) -> PurePosixPath:
+    """Where a superseded, deleted or evicted memory is kept, relative to the root."""
+    return _conversation_dir(tenant, record).joinpath(
+        DELETED_DIR, *_sub_dirs(record), _dated_name(record)
+    )
+
+
+@dataclass(frozen=True)
+class MirrorPath:
+    """What a file's place in the tree says about it."""
+
+    path: PurePosixPath
+    tenant: str | None  # None when the directory name is not a reversible encoding
+    conversation_id: str | None
+    deleted: bool  # under <tenant>/<conversation>/deleted/
+    kind: str | None  # from the kind directory, if it is one
+    role: str | None  # turns/<role>
+    id_from_name: str | None  # the id in a canonical ``<stamp>__<id>.md`` name
+
+
+def classify(rel_path: str | PurePosixPath) -> MirrorPath | None:
+    """A memory file's :class:`MirrorPath`, or None for anything that is not one.
+
+    Not memory files: anything outside ``<tenant>/<conversation>/``, names or
+    directories starting with ``.`` (``.git``, editors' and the mirror's temp files),
+    and files not ending in ``.md``.
+    """
+    path = PurePosixPath(rel_path)
+    parts = path.parts
+    if len(parts) < 3 or path.is_absolute():
+        return None
+    if any(part.startswith(".") or part in ("", "..") for part in parts):
+        return None
+    if not parts[-1].endswith(FILE_SUFFIX):
+        return None
+    rest = list(parts[2:-1])
+    deleted = bool(rest) and rest[0] == DELETED_DIR
+    if deleted:
+        rest = rest[1:]
+    kind = _KIND_BY_DIR.get(rest[0]) if rest else None
+    role = None
+    if kind == "turn" and len(rest) >= 2 and rest[1] != OTHER_ROLE_DIR:
+        role = rest[1]
+    match = _CANONICAL_NAME.match(parts[-1])
+    return MirrorPath(
+        path=path,
+        tenant=decode_component(parts[0]),
+        conversation_id=decode_component(parts[1]),
+        deleted=deleted,
+        kind=kind,
+        role=role,
+        id_from_name=match.group("id") if match else None,
+    )
+
+
+def memory_files(root: os.PathLike[str] | str) -> list[str]:
+    """Relative (POSIX) paths of every ``*.md`` file under ``<root>/<tenant>/<conversation>/``,
+    sorted; hidden files and directories (``.git``, temp files) are skipped."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        rel_dir = PurePosixPath(*os.path.relpath(dirpath, root).split(os.sep))
+        if len(rel_dir.parts) < 2 or str(rel_dir) == ".":
+            continue
+        for name in sorted(filenames):
+            if name.endswith(FILE_SUFFIX) and not name.startswith("."):
+                found.append((rel_dir / name).as_posix())
+    return found
+
+
+# --- rendering -------------------------------------------------------------------------
+
+
+def render(record: MemoryRecord, tenant: str, tombstone: Tombstone | None = None) -> str:
+    """The file for one memory. Deterministic: the same memory renders the same bytes."""
+    front: dict[str, Any] = {"id": record.id, "kind": record.kind}
+    if tombstone is not None:
+        front["tombstone"] = {
+            "reason": tombstone.reason,
+            "at": format_time(tombstone.at),
+            "cause": tombstone.cause,
+        }
+    front |= {
+        "role": record.role,
+        "tenant": tenant,
+        "user_id": record.user_id,
+        "conversation_id": record.conversation_id,
+        "created_at": _opt_time(record.created_at),
+        "updated_at": _opt_time(record.updated_at),
+        "source_id": record.source_id,
+        "source_turn_ids": list(record.source_turn_ids),
+        "tags": list(record.tags),
+    }
+    if record.turn_index:
+        front["turn_index"] = record.turn_index
+    if record.valid_from is not None:
+        front["valid_from"] = format_time(record.valid_from)
+    if record.valid_to is not None:
+        front["valid_to"] = format_time(record.valid_to)
+    if record.superseded_by:
+        front["superseded_by"] = record.superseded_by
+    if record.profile is not None:
+        front["profile"] = record.profile.model_dump()
+    if record.turn_range is not None:
+        front["turn_range"] = {
+            "first_turn": record.turn_range[0],
+            "last_turn": record.turn_range[1],
+        }
+    if record.metadata:
+        front["metadata"] = dict(sorted(record.metadata.items()))
+    header = yaml.safe_dump(
+        front, sort_keys=False, allow_unicode=True, default_flow_style=False, width=4096
+    )
+    return f"---\n{header}---\n\n{record.text}\n"
+
+
+def _opt_time(value: datetime | None) -> str | None:
+    return format_time(value) if value is not None else None
+
+
+def content_sha256(content: str | bytes) -> str:
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+_STRING_FIELDS = ("role", "user_id", "conversation_id", "source_id", "superseded_by", "tenant")
+_TIME_FIELDS = ("created_at", "updated_at", "valid_from", "valid_to")
+_KNOWN_KEYS = frozenset(
+    {
+        "id",
+        "kind",
+        "tenant",
+        "tombstone",
+        "turn_index",
+        "source_turn_ids",
+        "tags",
+        "profile",
+        "turn_range",
+        "metadata",
+        *_STRING_FIELDS,
+        *_TIME_FIELDS,
+    }
+)
+
+try:  # the C loader is much faster on a large tree
+    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[assignment]
+except AttributeError:  # pragma: no cover - libyaml missing
+    _Loader = yaml.SafeLoader
+
+
+@dataclass(frozen=True)
+class MirrorFile:
+    """A parsed memory file."""
+
+    record: MemoryRecord
+    tenant: str
+    tombstone: Tombstone | None
+    assigned_id: bool  # the file had no id; ``new_id`` gave it one (write it back)
+
+
+def parse(
+    content: str,
+    where: MirrorPath | None = None,
+    *,
+    new_id: Callable[[], str] | None = None,
+) -> MirrorFile:
+    """Read a memory file. Missing fields come from its place in the tree (``where``).
+
+    Raises :class:`MirrorFormatError` for anything that is not a valid memory: no
+    front matter, invalid YAML, unknown keys, values of the wrong type, an id that is
+    not a UUID, a tenant that contradicts the directory, an empty text.
+    """
+    front, body = _split(content)
+    unknown = sorted(str(key) for key in front if key not in _KNOWN_KEYS)
+    if unknown:
+        raise MirrorFormatError(f"unknown front matter keys: {', '.join(unknown)}")
+    fields: dict[str, Any] = {}
+    for name in _STRING_FIELDS:
+        value = _scalar_str(front.get(name), name)
+        if value is not None:
+            fields[name] = value
+    for name in _TIME_FIELDS:
+        value = _time(front.get(name), name)
+        if value is not None:
+            fields[name] = value
+
+    tenant = fields.pop("tenant", None)
+    if where is not None and where.tenant is not None:
+        if tenant is not None and tenant != where.tenant:
+            raise MirrorFormatError(
+                f"tenant {tenant!r} in the front matter differs from the directory's "
+                f"{where.tenant!r}"
+            )
+        tenant = tenant or where.tenant
+    if not tenant:
+        raise MirrorFormatError("no tenant (front matter 'tenant' or the directory name)")
+    if "conversation_id" not in fields and where is not None and where.conversation_id:
+        fields["conversation_id"] = where.conversation_id
+
+    kind = _scalar_str(front.get("kind"), "kind") or (where.kind if where else None)
+    if not kind:
+        raise MirrorFormatError("no kind (front matter 'kind' or a kind directory)")
+    fields["kind"] = kind
+    if "role" not in fields and where is not None and where.role and kind == "turn":
+        fields["role"] = where.role
+
+    raw_id = _scalar_str(front.get("id"), "id")
+    assigned = False
+    if not raw_id:
+        if new_id is None:
+            raise MirrorFormatError("no id in the front matter")
+        raw_id, assigned = new_id(), True
+    try:
+        fields["id"] = str(uuid.UUID(raw_id))
+    except ValueError:
+        raise MirrorFormatError(f"id is not a UUID: {raw_id!r}") from None
+
+    if "turn_index" in front and front["turn_index"] is not None:
+        fields["turn_index"] = front["turn_index"]
+    for name in ("source_turn_ids", "tags"):
+        value = front.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise MirrorFormatError(f"{name}: should be a list")
+        fields[name] = [_scalar_str(item, name) or "" for item in value]
+    if front.get("profile") is not None:
+        fields["profile"] = front["profile"]
+    if front.get("turn_range") is not None:
+        fields["turn_range"] = _turn_range(front["turn_range"])
+    if front.get("metadata") is not None:
+        metadata = front["metadata"]
+        if not isinstance(metadata, Mapping):
+            raise MirrorFormatError("metadata: should be a mapping")
+        fields["metadata"] = {
+            str(key): _scalar_str(value, f"metadata.{key}") or "" for key, value in metadata.items()
+        }
+    fields["text"] = body
+
+    try:
+        record = MemoryRecord(**fields)
+    except ValidationError as exc:
+        raise MirrorFormatError(_describe(exc)) from None
+    if not record.text.strip() and record.profile is None:
+        raise MirrorFormatError("the body (the memory's text) is empty")
+
+    tombstone = None
+    if front.get("tombstone") is not None:
+        raw = front["tombstone"]
+        if not isinstance(raw, Mapping):
+            raise MirrorFormatError("tombstone: should be a mapping")
+        try:
+            tombstone = Tombstone(
+                reason=raw.get("reason"),
+                at=_time(raw.get("at"), "tombstone.at"),
+                cause=_scalar_str(raw.get("cause"), "tombstone.cause") or "",
+            )
+        except ValidationError as exc:
+            raise MirrorFormatError(_describe(exc, prefix="tombstone.")) from None
+    return MirrorFile(record=record, tenant=tenant, tombstone=tombstone, assigned_id=assigned)
+
+
+def _split(content: str) -> tuple[dict[str, Any], str]:
+    text = content.lstrip("\ufeff").replace("\r\n", "\n")
+    if not text.startswith("---\n"):
+        raise MirrorFormatError("no front matter (the file must start with a '---' line)")
+    lines = text[4:].split("\n")
+    for i, line in enumerate(lines):
+        if line.rstrip() in ("---", "..."):
+            header = "\n".join(lines[:i])
+            body = "\n".join(lines[i + 1 :])
+            break
+    else:
+        raise MirrorFormatError("the front matter is not closed by a '---' line")
+    try:
+        front = yaml.load(header, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise MirrorFormatError(f"front matter is not valid YAML{where}: {problem}") from None
+    if front is None:
+        front = {}
+    if not isinstance(front, dict):
+        raise MirrorFormatError("front matter must be a mapping of keys to values")
+    if body.startswith("\n"):
+        body = body[1:]
+    if body.endswith("\n"):
+        body = body[:-1]
+    return front, body
+
+
+def _scalar_str(value: Any, name: str) -> str | None:
+    """Strings stay; numbers become strings (``source_id: 12``); None is 'absent'."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        raise MirrorFormatError(f"{name}: should be a string, not a boolean")
+    if isinstance(value, (int, float)):
+        return str(value)
+    raise MirrorFormatError(f"{name}: should be a string")
+
+
+def _time(value: Any, name: str) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, date):
+        parsed = datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise MirrorFormatError(f"{name}: not an ISO 8601 time: {value!r}") from None
+    else:
+        raise MirrorFormatError(f"{name}: should be an ISO 8601 time")
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _turn_range(value: Any) -> tuple[int, int]:
+    if isinstance(value, Mapping):
+        first, last = value.get("first_turn"), value.get("last_turn")
+    elif isinstance(value, list) and len(value) == 2:
+        first, last = value
+    else:
+        raise MirrorFormatError("turn_range: should be {first_turn: N, last_turn: M}")
+    if not isinstance(first, int) or not isinstance(last, int) or isinstance(first, bool):
+        raise MirrorFormatError("turn_range: first_turn and last_turn should be integers")
+    return (first, last)
+
+
+def _describe(exc: ValidationError, prefix: str = "") -> str:
+    """Field locations and messages only: the input may be private text."""
+    parts = []
+    for error in exc.errors(include_url=False, include_context=False, include_input=False):
+        location = ".".join(str(part) for part in error["loc"]) or "front matter"
+        parts.append(f"{prefix}{location}: {error['msg']}")
+    return "; ".join(parts)
+
+
+def id_from_name(name: str) -> str | None:
+    """The id of a canonical ``<stamp>__<id>.md`` file name, else None."""
+    match = _CANONICAL_NAME.match(name)
+    return match.group("id") if match else None
