@@ -11,20 +11,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 import yaml
 
 from engram_core.bus import publish_event
-from engram_core.events import STREAM_NAME, MemoryChanged, MemoryEdited, MemoryRecord
+from engram_core.events import MemoryChanged, MemoryEdited, MemoryRecord
 from engram_core.mirror_format import live_path, tombstone_path
-from engram_testing.mirror_support import (
-    eventually,
-    git_log,
-    git_status,
-    running_worker,
-    stream_events,
-)
+from engram_testing.memory_stack import consumer_settled, published, wait_for
+from engram_testing.mirror_support import git_log, git_status, running_worker
 from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
 
 pytestmark = pytest.mark.integration
@@ -90,21 +84,12 @@ def settings(nats_url: str, root: Path) -> Callable[..., MirrorSettings]:
     return make
 
 
-async def settled(nats_url: str) -> bool:
-    nc = await nats.connect(nats_url)
-    try:
-        info = await nc.jetstream().consumer_info(STREAM_NAME, "mirror")
-        return info.num_pending == 0 and info.num_ack_pending == 0
-    finally:
-        await nc.close()
-
-
 async def edited_events(nats_url: str, count: int, timeout_s: float = 10.0) -> list[MemoryEdited]:
     async def enough() -> list[MemoryEdited] | None:
-        events = await stream_events(nats_url, MemoryEdited)
+        events = await published(nats_url, MemoryEdited)
         return events if len(events) >= count else None
 
-    events = await eventually(enough, timeout_s, what=f"{count} memory.edited events")
+    events = await wait_for(enough, timeout_s, what=f"{count} memory.edited events")
     assert len(events) == count, [e.path for e in events]
     return events
 
@@ -147,11 +132,11 @@ async def test_every_kind_is_a_file_with_front_matter_and_nothing_echoes(
         for record in records:
             await publish_event(publisher, changed("created", record, cause="test"))
         paths = {r.id: root / str(live_path("acme", r)) for r in records}
-        await eventually(lambda: all(p.exists() for p in paths.values()), what="the files")
-        await eventually(lambda: len(git_log(root)) == 2, what="the commit")
+        await wait_for(lambda: all(p.exists() for p in paths.values()), what="the files")
+        await wait_for(lambda: len(git_log(root)) == 2, what="the commit")
         # Its own writes reach the watcher too, and are not edits.
         await asyncio.sleep(0.5)
-        assert await stream_events(nats_url, MemoryEdited) == []
+        assert await published(nats_url, MemoryEdited) == []
 
     assert paths[TURN_ID] == root / f"acme/c1/turns/user/20260301T120000Z__{TURN_ID}.md"
     assert paths[reply.id].parent == root / "acme/c1/turns/assistant"
@@ -237,7 +222,7 @@ async def test_superseded_deleted_and_evicted_become_tombstones_in_one_commit(
 
 
 async def all_acknowledged(nats_url: str) -> None:
-    await eventually(lambda: settled(nats_url), what="every message acknowledged")
+    await wait_for(lambda: consumer_settled(nats_url, "mirror"), what="every message answered")
 
 
 async def test_redelivered_and_stale_events_change_nothing(
@@ -248,8 +233,8 @@ async def test_redelivered_and_stale_events_change_nothing(
     path = root / str(live_path("acme", fact))
     async with running_worker(MIRROR, settings()):
         await publish_event(publisher, first)
-        await eventually(path.exists, what="the file")
-        await eventually(lambda: len(git_log(root)) == 2, what="the commit")
+        await wait_for(path.exists, what="the file")
+        await wait_for(lambda: len(git_log(root)) == 2, what="the commit")
         written = path.stat().st_mtime_ns
         # The same change again under another event id (a re-publish): no rewrite.
         await publish_event(publisher, first.model_copy(update={"event_id": "again"}))
@@ -275,8 +260,8 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
             await publish_event(publisher, changed("created", record))
         fact_path = root / str(live_path("acme", fact))
         other_path = root / str(live_path("acme", other))
-        await eventually(lambda: fact_path.exists() and other_path.exists(), what="the files")
-        await eventually(lambda: git_status(root) == "", what="the commit")
+        await wait_for(lambda: fact_path.exists() and other_path.exists(), what="the files")
+        await wait_for(lambda: git_status(root) == "", what="the commit")
 
         # 1. A text edit → upserted, with the new text and everything else unchanged.
         fact_path.write_text(fact_path.read_text().replace("Biscuit", "Rex"), encoding="utf-8")
@@ -296,7 +281,7 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         tomb.parent.mkdir(parents=True)
         tomb.write_text("---\nkind: fact\n---\nwhatever\n", encoding="utf-8")
         await asyncio.sleep(0.5)
-        assert len(await stream_events(nats_url, MemoryEdited)) == 1
+        assert len(await published(nats_url, MemoryEdited)) == 1
         assert mirror.tree.known["acme/c1/facts/broken.md"] is not None  # seen, rejected
 
         # 4. A new file without an id → an id is written back, the memory is published.
@@ -328,7 +313,7 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         assert edits[4].memory.text == "I work as a nurse."
 
         # The mirror commits the hand edits too.
-        await eventually(lambda: "hand-" in " ".join(git_log(root)), what="hand-edit commit")
+        await wait_for(lambda: "hand-" in " ".join(git_log(root)), what="hand-edit commit")
     subjects = git_log(root)
     assert any("hand-deleted (fact)" in s for s in subjects), subjects
     assert any("hand-created" in s for s in subjects), subjects
@@ -345,7 +330,7 @@ async def test_edits_made_while_the_mirror_was_down_are_picked_up(
     async with running_worker(MIRROR, settings()):
         for record in (fact, other):
             await publish_event(publisher, changed("created", record))
-        await eventually(lambda: fact_path.exists() and other_path.exists(), what="the files")
+        await wait_for(lambda: fact_path.exists() and other_path.exists(), what="the files")
     assert git_status(root) == ""
 
     # While it is down: a person edits one file; the other is changed the way a mirror
@@ -361,6 +346,6 @@ async def test_edits_made_while_the_mirror_was_down_are_picked_up(
     async with running_worker(MIRROR, settings()):
         [edit] = await edited_events(nats_url, 1)
         assert edit.memory.id == FACT_ID and edit.memory.text == "My dog is called Rex."
-        await eventually(lambda: git_status(root) == "", what="both committed")
+        await wait_for(lambda: git_status(root) == "", what="both committed")
         await asyncio.sleep(0.3)
-    assert len(await stream_events(nats_url, MemoryEdited)) == 1
+    assert len(await published(nats_url, MemoryEdited)) == 1

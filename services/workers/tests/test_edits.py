@@ -1,0 +1,225 @@
+"""Hand edits end to end, with the real nats-server and the real retrieval service:
+file on disk → watcher → memory.edited → edits worker → retrieval → memory.changed →
+the mirror converges (no loop)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from engram_core.bus import publish_event
+from engram_core.events import MemoryChanged, MemoryEdited
+from engram_core.memory_record import record_from_pb
+from engram_core.mirror_format import format_time, live_path, tombstone_path
+from engram_core.proto import from_timestamp, pb, to_timestamp
+from engram_core.retrieval_client import RetrievalClient
+from engram_testing.memory_stack import consumer_settled, published, running_retrieval, wait_for
+from engram_testing.mirror_support import git_log, running_worker
+from engram_workers.edits import EDITS, EditsSettings
+from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+TENANT = "acme"
+
+
+@dataclass
+class Stack:
+    root: Path
+    retrieval: RetrievalClient
+    mirror: Mirror
+    nats_url: str
+
+    async def hits(self, query: str) -> list[str]:
+        reply = await self.retrieval.search(
+            pb.SearchRequest(tenant=TENANT, query=query, user_id="u1", conversation_id="c1")
+        )
+        return [hit.memory.text for hit in reply.hits]
+
+    async def get(self, memory_id: str) -> pb.Memory | None:
+        reply = await self.retrieval.get(pb.GetRequest(tenant=TENANT, ids=[memory_id]))
+        return reply.memories[0] if reply.memories else None
+
+    async def settled(self) -> bool:
+        return await consumer_settled(self.nats_url, "edits") and await consumer_settled(
+            self.nats_url, "mirror"
+        )
+
+    async def seed(self, publisher: Any, *texts: str) -> list[pb.Memory]:
+        """Facts as reconcile would store them: upserted, then announced."""
+        reply = await self.retrieval.upsert(
+            pb.UpsertRequest(
+                tenant=TENANT,
+                memories=[
+                    pb.Memory(
+                        kind=pb.MEMORY_KIND_FACT,
+                        text=text,
+                        user_id="u1",
+                        conversation_id="c1",
+                        created_at=to_timestamp(T0),
+                    )
+                    for text in texts
+                ],
+            )
+        )
+        ids = [result.id for result in reply.results]
+        stored = (await self.retrieval.get(pb.GetRequest(tenant=TENANT, ids=ids))).memories
+        for memory in stored:
+            record = record_from_pb(memory)
+            await publish_event(
+                publisher,
+                MemoryChanged(
+                    tenant=TENANT,
+                    user_id="u1",
+                    conversation_id="c1",
+                    op="created",
+                    memory=record,
+                    cause="reconcile:ADD",
+                ),
+            )
+        for memory in stored:
+            path = self.path(memory)
+            await wait_for(path.exists, what=f"the file of {memory.text!r}")
+        return list(stored)
+
+    def path(self, memory: pb.Memory) -> Path:
+        return self.root / str(live_path(TENANT, record_from_pb(memory)))
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, nats_url: str) -> AsyncIterator[Stack]:
+    common: dict[str, Any] = {
+        "nats_url": nats_url,
+        "health_port": 0,
+        "max_deliver": 3,
+        "retry_backoff_s": (0.1,),
+        "ack_wait_s": 5.0,
+        "shutdown_grace_s": 5.0,
+    }
+    root = tmp_path / "mirror"
+    async with running_retrieval(tmp_path / "retrieval") as server:
+        mirror_settings = MirrorSettings(
+            **common,
+            mirror_root=root,
+            mirror_commit_interval_s=0.2,
+            mirror_watch_debounce_ms=50,
+        )
+        edits_settings = EditsSettings(**common, retrieval_address=server.address)
+        client = RetrievalClient(server.address, timeout_s=30)
+        try:
+            async with (
+                running_worker(MIRROR, mirror_settings) as mirror_worker,
+                running_worker(EDITS, edits_settings),
+            ):
+                mirror: Mirror = mirror_worker.resources
+                assert mirror.watcher is not None
+                await asyncio.wait_for(mirror.watcher.watching.wait(), 10)
+                yield Stack(root, client, mirror, nats_url)
+        finally:
+            await client.close()
+
+
+def front_matter(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text(encoding="utf-8").split("---\n", 2)[1])
+
+
+async def test_editing_a_fact_file_changes_what_search_returns(stack: Stack, publisher) -> None:
+    [dog, job] = await stack.seed(publisher, "My dog is called Biscuit.", "I work as a nurse.")
+    path = stack.path(dog)
+    assert "My dog is called Biscuit." in await stack.hits("What is my dog's name?")
+
+    path.write_text(path.read_text().replace("Biscuit", "Rex"), encoding="utf-8")
+
+    async def dog_renamed() -> bool:
+        return "My dog is called Rex." in await stack.hits("What is my dog's name?")
+
+    await wait_for(dog_renamed, what="the edit in Search")
+    hits = await stack.hits("What is my dog's name?")
+    assert "My dog is called Biscuit." not in hits
+    stored = await stack.get(dog.id)
+    assert stored is not None and stored.text == "My dog is called Rex."
+    assert stored.created_at == dog.created_at  # the same memory, edited in place
+
+    # The mirror converges on the index's state (a newer updated_at), and its own
+    # rewrite is not another edit: exactly one memory.edited, then quiet.
+    await wait_for(
+        lambda: front_matter(path)["updated_at"] != front_matter_time(dog.updated_at),
+        what="the canonical rewrite",
+    )
+    await wait_for(stack.settled, what="everything handled")
+    await asyncio.sleep(0.4)
+    edits = await published(stack.nats_url, MemoryEdited)
+    assert [(e.op, e.memory.id) for e in edits] == [("upserted", dog.id)]
+    changes = [c for c in await published(stack.nats_url, MemoryChanged) if c.cause]
+    assert [(c.op, c.cause) for c in changes if c.cause == "mirror-edit"] == [
+        ("updated", "mirror-edit")
+    ]
+    assert (await stack.get(job.id)) is not None  # the other fact is untouched
+    await wait_for(lambda: any("hand-edited" in s for s in git_log(stack.root)), what="commit")
+
+
+def front_matter_time(ts: Any) -> str:
+    value = from_timestamp(ts)
+    assert value is not None
+    return format_time(value)
+
+
+async def test_deleting_a_file_removes_the_memory_and_leaves_a_tombstone(
+    stack: Stack, publisher
+) -> None:
+    [allergy, _] = await stack.seed(
+        publisher, "I have a severe peanut allergy.", "I moved to Lisbon last year."
+    )
+    assert "I have a severe peanut allergy." in await stack.hits("Do I have allergies?")
+    stack.path(allergy).unlink()
+
+    async def gone() -> bool:
+        return await stack.get(allergy.id) is None
+
+    await wait_for(gone, what="the deletion in the index")
+    assert "I have a severe peanut allergy." not in await stack.hits("Do I have allergies?")
+    tomb = stack.root / str(tombstone_path(TENANT, record_from_pb(allergy)))
+    await wait_for(tomb.exists, what="the tombstone")
+    front = front_matter(tomb)
+    assert front["id"] == allergy.id
+    assert (front["tombstone"]["reason"], front["tombstone"]["cause"]) == ("deleted", "mirror-edit")
+    assert tomb.read_text().rstrip("\n").endswith("I have a severe peanut allergy.")
+    assert not stack.path(allergy).exists()
+    await wait_for(
+        lambda: any("deleted (fact)" in s for s in git_log(stack.root)), what="the commit"
+    )
+
+
+async def test_a_hand_written_file_becomes_a_memory(stack: Stack, publisher) -> None:
+    await stack.seed(publisher, "I work as a nurse.")
+    note = stack.root / "acme" / "c1" / "facts" / "my note.md"
+    note.write_text(
+        "---\nkind: fact\nuser_id: u1\ntags: [health]\n---\n\nI am allergic to cats.\n",
+        encoding="utf-8",
+    )
+
+    async def searchable() -> bool:
+        return "I am allergic to cats." in await stack.hits("Am I allergic to any animals?")
+
+    await wait_for(searchable, what="the new memory in Search")
+    [edit] = await published(stack.nats_url, MemoryEdited)
+    stored = await stack.get(edit.memory.id)
+    assert stored is not None and list(stored.tags) == ["health"]
+    # The hand-made name gives way to the canonical one, which carries the id.
+    canonical = stack.path(stored)
+    await wait_for(lambda: canonical.exists() and not note.exists(), what="the canonical file")
+    assert canonical.name.endswith(f"__{stored.id}.md")
+    assert front_matter(canonical)["id"] == stored.id
+    await wait_for(stack.settled, what="everything handled")
+    await asyncio.sleep(0.4)
+    # Moving the file to its canonical name was the mirror's doing: not a deletion.
+    assert len(await published(stack.nats_url, MemoryEdited)) == 1
+    assert await stack.get(stored.id) is not None
