@@ -40,6 +40,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _cmd_rebuild(args: argparse.Namespace) -> int:
+    from engram_cli.rebuild import run_rebuild
+
+    return run_rebuild(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="engram", description="Engram: persistent memory for OpenAI-compatible LLMs."
@@ -61,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     from engram_cli.bench import add_bench_parser
 
     add_bench_parser(commands, _cmd_bench)
+
+    from engram_cli.rebuild import add_rebuild_parser
+
+    add_rebuild_parser(commands, _cmd_rebuild)
     return parser
 
 
