@@ -286,3 +286,11 @@ def test_output_is_cleaned() -> None:
     assert facts == ["User loves pizza"]
     assert [(p.key, p.value, p.confidence) for p in profile] == [("favorite_food", "pasta", 0.8)]
     assert normalise_key(" Home City ") == "home_city"
+
+
+async def test_a_refused_request_dead_letters_the_turn_event_at_once(stack: Stack) -> None:
+    stack.upstream.replies = [UpstreamError(404, "model not found")]
+    await stack.start(max_deliver=3)
+    await stack.send(turn(1, "I love pizza."))
+    assert len(stack.extraction_requests()) == 1  # not retried: it would be refused again
+    assert await dead_letter_count(stack.nats_url, "ingest") == 1

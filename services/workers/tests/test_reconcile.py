@@ -3,9 +3,14 @@ a scripted LLM (the rule-based brain keyed on the prompt, or scripted failures).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import signal
+import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -14,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from engram_cli.nats_server import free_port
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
 from engram_core.events import (
@@ -307,6 +313,17 @@ async def test_a_less_confident_profile_value_never_replaces_a_surer_one(stack: 
     ]
 
 
+async def test_a_correction_in_another_conversation_of_the_user_supersedes(stack: Stack) -> None:
+    await stack.start()
+    await stack.propose(1, "User's wife's name is Jane", conversation="c1")
+    await stack.propose(2, "User's wife's name is Anne", conversation="c2")
+    await stack.propose(3, "User's wife's name is Beth", conversation="c3", user="u2")
+    assert await stack.texts(user_id="u1") == ["User's wife's name is Anne"]
+    assert await stack.texts(user_id="u2") == ["User's wife's name is Beth"]  # not u1's
+    [jane] = [m for m in await stack.facts(superseded=True) if "Jane" in m.text]
+    assert jane.conversation_id == "c1" and jane.superseded_by
+
+
 # --- the model's answers, checked --------------------------------------------------------
 
 
@@ -474,3 +491,48 @@ async def test_turns_through_ingest_and_reconcile(stack: Stack) -> None:
         pb.SearchRequest(tenant="acme", query="wife", user_id="u1", conversation_id="c1")
     )
     assert [m.text for m in search.profile] == ["identity/wife_name: Anne"]
+
+
+# --- the installed entry point ----------------------------------------------------------------
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+async def test_engram_reconcile_runs_and_stops_on_sigterm(stack: Stack, tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGRAM_", "OTEL_"))}
+    env.update(
+        ENGRAM_NATS_URL=stack.nats_url,
+        ENGRAM_RETRIEVAL_ADDRESS=stack.retrieval_address,
+        ENGRAM_HEALTH_PORT=str(port),
+        ENGRAM_LLM_BASE_URL=stack.upstream.base_url,
+        ENGRAM_LOG_FORMAT="json",
+    )
+    log_path = tmp_path / "reconcile.log"
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).parent / "engram-reconcile"),
+            env=env,
+            stdout=log_file,
+            stderr=log_file,
+        )
+    try:
+        await wait_for(lambda: asyncio.to_thread(ready, port), 30, "/readyz")
+        await stack.propose(1, "User loves pizza")
+        await stack.propose(2, "User hates pizza")
+        assert await stack.texts() == ["User hates pizza"]
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    output = log_path.read_text()
+    assert "pizza" not in output  # memory text is never logged
+    assert json.loads(output.splitlines()[-1])["event"] == "worker.stopped"
