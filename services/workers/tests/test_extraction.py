@@ -205,8 +205,8 @@ async def test_llm_outage_is_retried_and_the_turn_written_once(stack: Stack, fai
     if failure == "503":
         stack.upstream.replies = [UpstreamError(503), RuleBasedBrain()]
     else:
-        stack.upstream.replies = [slow_then_brain(1.0)]
-    await stack.start(llm_timeout_s=0.4, retry_backoff_s=(0.2,))
+        stack.upstream.replies = [slow_then_brain(0.7)]
+    await stack.start(llm_timeout_s=0.5, retry_backoff_s=(0.2,))
     await stack.send(turn(1, "I love pizza."))
 
     assert len(stack.extraction_requests()) == 2

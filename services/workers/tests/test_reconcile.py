@@ -370,7 +370,8 @@ def failing_then_brain(failures: list[str]):
         if pending:
             failure = pending.pop(0)
             if failure == "timeout":
-                time.sleep(1.0)  # the upstream's thread; the client gave up at 0.4 s
+                # Blocks the upstream past the client's 0.5 s, but not past the retry.
+                time.sleep(0.7)
             else:
                 return UpstreamError(int(failure))
         return brain(body)
@@ -380,7 +381,7 @@ def failing_then_brain(failures: list[str]):
 
 async def test_errors_and_timeouts_are_retried_until_the_model_answers(stack: Stack) -> None:
     stack.upstream.replies = [failing_then_brain(["500", "timeout", "429"])]
-    await stack.start(llm_timeout_s=0.4, max_deliver=5)
+    await stack.start(llm_timeout_s=0.5, max_deliver=5, retry_backoff_s=(0.2,))
     await stack.propose(1, "User loves pizza")
     await stack.propose(2, "User hates pizza")
     assert len(stack.reconcile_inputs()) == 4
