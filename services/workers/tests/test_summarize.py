@@ -310,3 +310,26 @@ async def test_a_superseded_fact_leaves_a_verbatim_summary(
 
 async def _is_none(awaitable: Any) -> bool:
     return (await awaitable) is None
+
+
+async def test_without_a_configured_model_the_chat_model_of_the_source_turn_is_used(
+    stack, retrieval, scripted_upstream, model, publisher
+) -> None:
+    await stack.start(SUMMARIZE, settings(stack, scripted_upstream, llm_model=""))
+    turn = pb.Memory(
+        id=str(uuid.uuid4()),
+        user_id="u1",
+        conversation_id=CONVERSATION,
+        kind=pb.MEMORY_KIND_TURN,
+        role="user",
+        text="I moved to Lisbon.",
+        metadata={"turn_id": "t1", "model": "the-chat-model"},
+    )
+    await retrieval.client.upsert(pb.UpsertRequest(tenant=TENANT, memories=[turn]))
+    fact = await store_fact(retrieval, "User lives in Lisbon.", 1, source_turn_ids=[turn.id])
+    await publish_event(publisher, changed(TENANT, fact))
+
+    summary = await summary_at(retrieval, 1)
+    assert summary.metadata["summarizer"] == "llm"
+    assert summary.metadata["model"] == "the-chat-model"
+    assert [body["model"] for body in scripted_upstream.chat_requests()] == ["the-chat-model"]

@@ -88,7 +88,7 @@ class SummarizeSettings(WorkerSettings, LlmSettingsMixin):
     summarize_model: str = Field(
         default="",
         description="Model for summaries and episodes (default: ENGRAM_LLM_MODEL, then the "
-        "model recorded on the facts/turns).",
+        "chat model recorded on the source turns).",
     )
     episode_turns: int = Field(
         default=20, ge=2, le=500, description="Turns per episode (the window size N)."
@@ -315,7 +315,7 @@ async def fold_facts(event: MemoryChanged, delivery: Delivery) -> None:
             payload=tasks.SummarizeInput(
                 previous_summary=previous_text, new_facts=new_facts
             ).model_dump(),
-            models=[f.metadata.get("model", "") for f in facts],
+            models=await _chat_models(delivery, event, facts),
         )
         metadata: dict[str, str] = {}
         if text is None:
@@ -403,6 +403,25 @@ async def drop_superseded(event: MemoryChanged, delivery: Delivery) -> None:
             return
         metadata = {k: v for k, v in previous.metadata.items() if k != "revision"}
         await _write_summary(delivery, event, previous, " ".join(kept), metadata)
+
+
+async def _chat_models(
+    delivery: Delivery, event: MemoryChanged, facts: Sequence[pb.Memory]
+) -> list[str]:
+    """The chat models of the turns the facts came from: the model to use when none is
+    configured (ingest records it on each turn, as reconcile does not on facts)."""
+    settings: SummarizeSettings = delivery.worker.settings  # type: ignore[assignment]
+    recorded = [f.metadata["model"] for f in facts if f.metadata.get("model")]
+    if recorded or settings.summarize_model or settings.llm_model:
+        return recorded
+    turn_ids = list(dict.fromkeys(t for f in facts for t in f.source_turn_ids))[:FOLD_BATCH]
+    if not turn_ids:
+        return []
+    got = await _rpc(
+        "Get", delivery.retrieval.get(pb.GetRequest(tenant=event.tenant, ids=turn_ids))
+    )
+    newest_first = sorted(got.memories, key=_age_key, reverse=True)
+    return [t.metadata["model"] for t in newest_first if t.metadata.get("model")]
 
 
 async def _facts_to_fold(
