@@ -46,6 +46,7 @@ from engram_workers.reconcile import (
     ReconcileSettings,
     fact_memory_id,
     reconcile_facts,
+    specifics,
 )
 from engram_workers.runtime import Delivery, RetryableError
 
@@ -261,6 +262,18 @@ async def test_the_same_fact_told_twice_is_stored_once(stack: Stack) -> None:
     await stack.propose(4, "User likes green tea", conversation="c2")  # the user's other chat
     assert await stack.texts() == ["User likes green tea"]
     assert len(await stack.facts(superseded=True)) == 1
+
+
+async def test_statements_that_differ_in_a_number_or_name_are_not_duplicates(
+    stack: Stack,
+) -> None:
+    await stack.start()
+    await stack.propose(1, "User loves painting number 1")
+    await stack.propose(2, "User loves painting number 2")  # cosine 0.91
+    await stack.propose(3, "User loves painting number 2.")  # the same again
+    assert await stack.texts() == ["User loves painting number 1", "User loves painting number 2"]
+    assert specifics("User\u2019s son Tom is 5") == {"tom", "5"}
+    assert specifics("The user likes green tea") == specifics("User likes green tea") == set()
 
 
 async def test_a_less_confident_profile_value_never_replaces_a_surer_one(stack: Stack) -> None:

@@ -28,6 +28,7 @@ delivery the same ADD fallback instead of a dead letter.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -164,6 +165,26 @@ async def reconcile_resources(worker: Worker[Any]) -> AsyncIterator[ReconcileRes
 def normalise_text(text: str) -> str:
     """What makes two statements "the same text": case, spacing, final full stop."""
     return " ".join(text.split()).rstrip(" .!").casefold()
+
+
+_WORD = re.compile(r"[^\W_][\w'-]*")
+_GENERIC = frozenset({"user", "user's", "i", "i'm"})
+
+
+def specifics(text: str) -> frozenset[str]:
+    """Numbers and names (capitalised words after the first) in a statement.
+
+    Sentence embeddings barely see them: "User loves painting number 1" and "... number 2"
+    have a cosine above 0.9. Two statements are only near-duplicates when these agree.
+    """
+    found = set()
+    for position, word in enumerate(_WORD.findall(text.replace("\u2019", "'"))):
+        lowered = word.lower()
+        if any(ch.isdigit() for ch in word):
+            found.add(lowered)
+        elif position > 0 and word[0].isupper() and lowered not in _GENERIC:
+            found.add(lowered.removesuffix("'s"))
+    return frozenset(found)
 
 
 def fact_memory_id(tenant: str, conversation_id: str, text: str, reasserted_in: str = "") -> str:
@@ -479,6 +500,7 @@ class Reconciler:
             if memory_id not in exclude
             and memory_id not in plan.superseded
             and cosine >= self.settings.near_duplicate_cosine
+            and specifics(self._neighbours[memory_id].text) == specifics(text)
         ]
         return max(candidates)[1] if candidates else None
 
