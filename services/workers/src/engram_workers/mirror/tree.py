@@ -17,7 +17,7 @@ import tempfile
 from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from engram_core.logging import get_logger
 from engram_core.mirror_format import DELETED_DIR, classify, content_sha256, memory_files
@@ -45,11 +45,11 @@ class MirrorTree:
         self.id_by_path: dict[str, str] = {}
 
     def abs(self, rel: str) -> Path:
-        path = self.root / rel
         # Components are encoded, so this cannot happen; refuse rather than trust it.
-        if not path.resolve().is_relative_to(self.root.resolve()):
+        parts = PurePosixPath(rel).parts
+        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts:
             raise ValueError(f"path escapes the mirror root: {rel!r}")
-        return path
+        return self.root / rel
 
     def is_known(self, rel: str, sha: str | None) -> bool:
         return rel in self.known and self.known[rel] == sha
