@@ -282,9 +282,10 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         tomb = root / "acme/c1/deleted/facts/old.md"
         tomb.parent.mkdir(parents=True)
         tomb.write_text("---\nkind: fact\n---\nwhatever\n", encoding="utf-8")
-        await asyncio.sleep(0.5)
-        assert len(await published(nats_url, MemoryEdited)) == 1
-        assert mirror.tree.known["acme/c1/facts/broken.md"] is not None  # seen, rejected
+        await wait_for(
+            lambda: mirror.tree.known.get("acme/c1/facts/broken.md"), what="the broken file seen"
+        )
+        assert len(await published(nats_url, MemoryEdited)) == 1  # seen, rejected
 
         # 4. A new file without an id → an id is written back, the memory is published.
         note = root / "acme/c1/facts/my note.md"
