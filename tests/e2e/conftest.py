@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engram_cli.nats_server import free_port
-from engram_cli.stack import Stack, StackSettings
+from engram_cli.nats_server import free_port, free_port_block
+from engram_cli.stack import WORKERS, Stack, StackSettings
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.upstream import ScriptedUpstream
@@ -24,7 +24,7 @@ def stack_settings(data_dir: Path) -> StackSettings:
         nats_url=f"nats://127.0.0.1:{free_port()}",
         gateway_port=free_port(),
         retrieval_listen=f"127.0.0.1:{free_port()}",
-        ingest_health_port=free_port(),
+        health_port_base=free_port_block(len(WORKERS)),
     )
 
 
@@ -66,11 +66,17 @@ async def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, what: 
         await asyncio.sleep(0.2)
 
 
-async def count_memories(address: str, tenant: str, conversation_id: str) -> int:
+async def count_memories(
+    address: str, tenant: str, conversation_id: str, kind: int = pb.MEMORY_KIND_TURN
+) -> int:
+    """How many memories of one kind (turns by default) a conversation holds."""
     client = RetrievalClient(address)
     try:
         reply = await client.count(
-            pb.CountRequest(tenant=tenant, filter=pb.MemoryFilter(conversation_id=conversation_id))
+            pb.CountRequest(
+                tenant=tenant,
+                filter=pb.MemoryFilter(conversation_id=conversation_id, kinds=[kind]),
+            )
         )
         return int(reply.count)
     finally:

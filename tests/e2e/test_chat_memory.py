@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from engram_cli.scripted_llm import RuleBasedBrain
 from engram_cli.stack import Stack
 from engram_testing.upstream import ScriptedUpstream
 
@@ -49,7 +50,9 @@ RESPONSE_FORMAT = {
 async def test_second_chat_recalls_the_first(
     stack: Stack, scripted_upstream: ScriptedUpstream, spans_file
 ) -> None:
-    scripted_upstream.replies = ["Noted! Anne and the Alps.", "You like to hike in the Alps."]
+    scripted_upstream.replies = [
+        RuleBasedBrain("Noted! Anne and the Alps.", "You like to hike in the Alps.")
+    ]
     client = openai.AsyncOpenAI(base_url=gateway_url(stack), api_key="sk-test")
     conversation = "conv-e2e-1"
 
@@ -78,7 +81,7 @@ async def test_second_chat_recalls_the_first(
     await client.close()
     assert second.choices[0].message.content == "You like to hike in the Alps."
 
-    sent = scripted_upstream.chat_requests()[1]
+    sent = scripted_upstream.conversation_requests()[1]
     # the memory controls are removed, everything else arrives unchanged
     assert "memory_id" not in sent and "memory_top_k" not in sent
     assert sent["tools"] == TOOLS
@@ -123,7 +126,7 @@ async def _at_least(awaitable, n: int) -> bool:  # type: ignore[no-untyped-def]
 async def test_streaming_chat_is_relayed_and_its_reply_remembered(
     stack: Stack, scripted_upstream: ScriptedUpstream
 ) -> None:
-    scripted_upstream.replies = ["Rain is expected on Saturday in Zermatt."]
+    scripted_upstream.replies = [RuleBasedBrain("Rain is expected on Saturday in Zermatt.")]
     client = openai.AsyncOpenAI(base_url=gateway_url(stack), api_key="sk-test")
     conversation = "conv-e2e-stream"
     stream = await client.chat.completions.create(

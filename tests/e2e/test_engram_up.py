@@ -14,6 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from engram_cli.scripted_llm import RuleBasedBrain
 from engram_testing.upstream import ScriptedUpstream
 
 from .conftest import count_memories, stack_settings, wait_for
@@ -66,10 +67,12 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
         "ENGRAM_NATS_URL": settings.nats_url,
         "ENGRAM_GATEWAY_PORT": str(settings.gateway_port),
         "ENGRAM_RETRIEVAL_LISTEN": settings.retrieval_listen,
-        "ENGRAM_INGEST_HEALTH_PORT": str(settings.ingest_health_port),
+        "ENGRAM_HEALTH_PORT_BASE": str(settings.health_port_base),
         "ENGRAM_LLM_BASE_URL": scripted_upstream.base_url,
     }
-    scripted_upstream.replies = ["Hello from upstream", "Streaming hello from upstream"]
+    scripted_upstream.replies = [
+        RuleBasedBrain("Hello from upstream", "Streaming hello from upstream")
+    ]
     base_url = f"http://127.0.0.1:{settings.gateway_port}/v1"
 
     up = EngramUp(env)

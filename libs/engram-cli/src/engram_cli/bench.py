@@ -130,7 +130,7 @@ class RetrievalProcess:
         self.log.close()
 
 
-def _progress(label: str, done: int, total: int) -> None:
+def progress(label: str, done: int, total: int) -> None:
     width = 30
     filled = int(width * done / max(total, 1))
     sys.stderr.write(f"\r{label:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
@@ -186,7 +186,7 @@ async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[s
         latencies.append((time.perf_counter() - started) * 1000)
         for key in stage_sums:
             stage_sums[key].append(getattr(reply.timings, key))
-        _progress("searching", i + 1, queries)
+        progress("searching", i + 1, queries)
     arr = np.array(latencies)
     return {
         "queries": queries,
@@ -216,7 +216,7 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
                     all_texts[stored:size],
                     stored,
                     batch,
-                    lambda done, s=size, st=stored: _progress(f"storing up to {s}", st + done, s),
+                    lambda done, s=size, st=stored: progress(f"storing up to {s}", st + done, s),
                 )
                 upsert_s = time.perf_counter() - started
                 stored = size
@@ -292,9 +292,20 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     return 0
 
 
+def percentiles(samples: list[float]) -> dict[str, float]:
+    arr = np.array(samples)
+    return {
+        p: round(float(np.percentile(arr, q)), 2)
+        for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
+    }
+
+
 def add_bench_parser(commands: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+    from engram_cli.bench_writepath import add_write_path_parser
+
     bench = commands.add_parser("bench", help="benchmarks (tables, JSON, plots)")
     kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    add_write_path_parser(kinds, handler)
     latency = kinds.add_parser("latency", help="Search latency at growing store sizes")
     latency.add_argument("--sizes", default="1000,10000", help="store sizes (comma-separated)")
     latency.add_argument("--queries", type=int, default=200, help="searches per size")

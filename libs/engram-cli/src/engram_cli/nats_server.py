@@ -6,6 +6,7 @@ with an in-memory one.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -45,6 +46,29 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_block(size: int, attempts: int = 50) -> int:
+    """The first of ``size`` consecutive bindable ports on 127.0.0.1.
+
+    Drawn below the kernel's ephemeral range (32768+ on Linux), where outgoing
+    connections would otherwise take ports of the block between this check and use.
+    """
+    rng = random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20000, 32000 - size)
+        if all(_bindable(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports found")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class NatsServerProcess:

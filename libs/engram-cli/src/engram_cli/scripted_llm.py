@@ -65,6 +65,10 @@ class ScriptedUpstream:
     def chat_requests(self) -> list[dict[str, Any]]:
         return [r.body for r in self.requests if r.path.endswith("/chat/completions")]
 
+    def conversation_requests(self) -> list[dict[str, Any]]:
+        """Chat requests that came from users, without the workers' task calls."""
+        return [body for body in self.chat_requests() if not is_task_request(body)]
+
     def _next_reply(self, body: dict[str, Any]) -> str | UpstreamError:
         index = len(self.chat_requests()) - 1
         reply = self.replies[min(index, len(self.replies) - 1)]
@@ -211,24 +215,35 @@ def _third_person(sentence: str) -> str:
     return s[0].upper() + s[1:] if s else s
 
 
-class RuleBasedBrain:
-    """Answers Engram's worker tasks by simple rules, and chats with a fixed reply.
+def is_task_request(body: dict[str, Any]) -> bool:
+    """Whether a chat request is one of Engram's worker tasks (``engram-task:`` prompt)."""
+    messages = body.get("messages") or []
+    first = messages[0].get("content", "") if messages else ""
+    return isinstance(first, str) and first.startswith(_TASK_PREFIX)
 
-    Deterministic and dependency-free: for tests, demos and write-path benchmarks
-    where a real model is not the point. It understands first-person statements
+
+class RuleBasedBrain:
+    """Answers Engram's worker tasks by simple rules, and chats with scripted replies.
+
+    User chats get ``chat_reply``, then each of ``more_chat_replies`` in turn (the
+    last one repeats). Deterministic and dependency-free: for tests, demos and
+    write-path benchmarks where a real model is not the point. It understands first-person statements
     ("I love pizza", "My wife's name is Anne"), hedges ("I think…" lowers confidence),
     corrections of "<subject> is <value>" facts (UPDATE) and love/hate reversals
     (DELETE), and treats greetings and questions as chit-chat.
     """
 
-    def __init__(self, chat_reply: str = "Noted.") -> None:
-        self.chat_reply = chat_reply
+    def __init__(self, chat_reply: str = "Noted.", *more_chat_replies: str) -> None:
+        self.chat_replies = [chat_reply, *more_chat_replies]
+        self.chats = 0
 
     def __call__(self, body: dict[str, Any]) -> str:
         messages = body.get("messages") or []
-        system = messages[0].get("content", "") if messages else ""
-        if not isinstance(system, str) or not system.startswith(_TASK_PREFIX):
-            return self.chat_reply
+        if not is_task_request(body):
+            reply = self.chat_replies[min(self.chats, len(self.chat_replies) - 1)]
+            self.chats += 1
+            return reply
+        system = messages[0]["content"]
         task = system[len(_TASK_PREFIX) :].split("\n", 1)[0].strip()
         payload = json.loads(messages[1]["content"])
         handler = getattr(self, f"_task_{task}", None)

@@ -28,6 +28,8 @@ from engram_cli.nats_server import NatsServerProcess, port_is_open
 from engram_core.settings import EngramSettings
 
 READY_TIMEOUT_S = 180.0
+#: Every worker, in start order; each is its own process (``engram-<name>``).
+WORKERS = ("ingest", "reconcile", "summarize", "evict", "mirror", "edits")
 STOP_TIMEOUT_S = 15.0
 
 
@@ -37,7 +39,12 @@ class StackSettings(EngramSettings):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8100, ge=1, le=65535)
     retrieval_listen: str = "127.0.0.1:50051"
-    ingest_health_port: int = Field(default=8201, ge=1, le=65535)
+    health_port_base: int = Field(
+        default=8201,
+        ge=1,
+        le=65535 - len(WORKERS),
+        description="The workers' health endpoints listen on this port and the next ones.",
+    )
 
 
 @dataclass
@@ -91,8 +98,10 @@ class Stack:
         *,
         echo: Callable[[str], None] = print,
         relay_logs: bool = True,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self.extra_env = extra_env or {}
         self.echo = echo
         self.relay_logs = relay_logs
         self.data_dir = settings.data_dir.resolve()
@@ -111,6 +120,7 @@ class Stack:
         s = self.settings
         base = {
             **os.environ,
+            **self.extra_env,
             "ENGRAM_DATA_DIR": str(self.data_dir),
             "ENGRAM_NATS_URL": s.nats_url,
             "ENGRAM_RETRIEVAL_ADDRESS": s.retrieval_listen,
@@ -143,18 +153,24 @@ class Stack:
                 endpoint=f"{gateway_url}/v1",
                 is_ready=_http_ok(f"{gateway_url}/readyz"),
             ),
-            Component(
-                name="ingest",
-                command=[_script("engram-ingest")],
-                env={
-                    **base,
-                    "OTEL_SERVICE_NAME": "engram-ingest",
-                    "ENGRAM_HEALTH_PORT": str(s.ingest_health_port),
-                },
-                endpoint=f"health http://127.0.0.1:{s.ingest_health_port}/readyz",
-                is_ready=_http_ok(f"http://127.0.0.1:{s.ingest_health_port}/readyz"),
+            *(
+                Component(
+                    name=worker,
+                    command=[_script(f"engram-{worker}")],
+                    env={
+                        **base,
+                        "OTEL_SERVICE_NAME": f"engram-{worker}",
+                        "ENGRAM_HEALTH_PORT": str(port),
+                    },
+                    endpoint=f"health http://127.0.0.1:{port}/readyz",
+                    is_ready=_http_ok(f"http://127.0.0.1:{port}/readyz"),
+                )
+                for worker, port in self.worker_health_ports().items()
             ),
         ]
+
+    def worker_health_ports(self) -> dict[str, int]:
+        return {w: self.settings.health_port_base + i for i, w in enumerate(WORKERS)}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -205,6 +221,26 @@ class Stack:
             time.sleep(0.25)
         gateway = next(c for c in self.components if c.name == "gateway")
         self.echo(f"engram: up. Point your OpenAI client at {gateway.endpoint} (Ctrl-C stops)")
+
+    def restart(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill one component with ``sig`` and start it again (fault-injection tests)."""
+        component = next(c for c in self.components if c.name == name)
+        if component.process is not None:
+            component.process.send_signal(sig)
+            component.process.wait(timeout=STOP_TIMEOUT_S)
+            if component.pump is not None:
+                component.pump.join(timeout=2)
+            if component.process.stdout is not None:
+                component.process.stdout.close()
+        if component.log is not None:
+            component.log.close()
+        self._spawn(component)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not component.is_ready():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready after restart")
+            time.sleep(0.1)
 
     def check_alive(self) -> None:
         if self.nats.process is not None and self.nats.process.poll() is not None:

@@ -1,0 +1,192 @@
+"""``engram bench write-path``: how long a turn takes to become memory.
+
+Starts the whole stack (as ``engram up`` does, on free ports and a fresh data dir)
+against an LLM — by default the deterministic rule-based scripted LLM, so the
+numbers measure Engram rather than a model — sends paced chats through the gateway
+(each states one new fact, "I love <token>"), and listens on
+``engram.memory.changed.v1`` for the moment each turn is indexed and the moment its
+fact is committed by reconcile. Latency is measured from just before the chat is
+sent (the gateway publishes the user turn before it forwards the request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+
+from engram_cli.bench import percentiles, progress
+from engram_cli.nats_server import free_port, free_port_block
+from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack import WORKERS, Stack, StackSettings
+from engram_core.events import MemoryChanged
+
+STAGES = ("indexed", "fact")
+
+
+async def bench_write_path(
+    turns: int, conversations: int, rate: float, llm_url: str | None, timeout_s: float
+) -> dict[str, Any]:
+    upstream = None
+    if llm_url is None:
+        upstream = ScriptedUpstream(replies=[RuleBasedBrain()]).start()
+        llm_url = upstream.base_url
+    with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
+        settings = StackSettings(
+            data_dir=Path(tmp),
+            nats_url=f"nats://127.0.0.1:{free_port()}",
+            gateway_port=free_port(),
+            retrieval_listen=f"127.0.0.1:{free_port()}",
+            health_port_base=free_port_block(len(WORKERS)),
+        )
+        stack = Stack(
+            settings,
+            echo=lambda _: None,
+            relay_logs=False,
+            extra_env={"ENGRAM_LLM_BASE_URL": llm_url, "ENGRAM_LOG_LEVEL": "warning"},
+        )
+        sys.stderr.write("starting the stack...\n")
+        await asyncio.to_thread(stack.start)
+        try:
+            return await _drive(settings, turns, conversations, rate, timeout_s)
+        finally:
+            await asyncio.to_thread(stack.stop)
+            if upstream is not None:
+                upstream.stop()
+
+
+async def _drive(
+    settings: StackSettings, turns: int, conversations: int, rate: float, timeout_s: float
+) -> dict[str, Any]:
+    sent: dict[str, float] = {}
+    seen: dict[str, dict[str, float]] = {}
+
+    async def on_change(msg: Any) -> None:
+        change = MemoryChanged.model_validate_json(msg.data)
+        memory = change.memory
+        token = next((w for w in memory.text.split() if w.startswith("wpb") and w in sent), None)
+        if token is None:
+            return
+        stage = (
+            "indexed"
+            if memory.kind == "turn" and memory.role == "user"
+            else "fact"
+            if memory.kind == "fact" and change.cause.startswith("reconcile")
+            else None
+        )
+        if stage is not None:
+            seen.setdefault(token, {}).setdefault(stage, time.perf_counter())
+
+    nc = await nats.connect(settings.nats_url)
+    await nc.subscribe("engram.memory.changed.v1", cb=on_change)
+    base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        for i in range(turns):
+            token = f"wpb{i:05d}"
+            sent[token] = time.perf_counter()
+            reply = await http.post(
+                "/chat/completions",
+                json={
+                    "model": "bench",
+                    "memory_id": f"bench-{i % conversations}",
+                    "messages": [{"role": "user", "content": f"I love {token}."}],
+                },
+            )
+            reply.raise_for_status()
+            progress("chatting", i + 1, turns)
+            await asyncio.sleep(max(0.0, sent[token] + 1.0 / rate - time.perf_counter()))
+    deadline = time.monotonic() + timeout_s
+    while sum("fact" in s for s in seen.values()) < turns and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        progress("waiting for facts", sum("fact" in s for s in seen.values()), turns)
+    await nc.close()
+    latencies = {
+        stage: [(seen[t][stage] - sent[t]) * 1000 for t in sent if stage in seen.get(t, {})]
+        for stage in STAGES
+    }
+    return {
+        "turns": turns,
+        "conversations": conversations,
+        "rate_per_s": rate,
+        "completed": {stage: len(v) for stage, v in latencies.items()},
+        "latency_ms": {stage: percentiles(v) for stage, v in latencies.items() if v},
+        "samples_ms": latencies,
+    }
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = {"indexed": "turn indexed", "fact": "fact reconciled"}
+    for stage in STAGES:
+        if result["samples_ms"][stage]:
+            ax.hist(result["samples_ms"][stage], bins=30, alpha=0.6, label=labels[stage])
+    ax.set_xlabel("ms after the chat was sent")
+    ax.set_ylabel("turns")
+    ax.set_title("engram bench write-path")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cmd_write_path(args: argparse.Namespace) -> int:
+    if args.turns <= 0 or args.conversations <= 0 or args.rate <= 0:
+        print(
+            "engram bench write-path: --turns, --conversations, --rate must be > 0", file=sys.stderr
+        )
+        return 2
+    result = asyncio.run(
+        bench_write_path(args.turns, args.conversations, args.rate, args.llm_url, args.timeout)
+    )
+    print(f"{'stage':<18} {'done':>6} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9}")
+    for stage, label in (("indexed", "turn indexed"), ("fact", "fact reconciled")):
+        lat = result["latency_ms"].get(stage, {"p50": "-", "p95": "-", "p99": "-"})
+        print(
+            f"{label:<18} {result['completed'][stage]:>6} {lat['p50']:>9} {lat['p95']:>9} "
+            f"{lat['p99']:>9}"
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "benchmark": "write-path",
+                "llm": args.llm_url or "scripted rule-based",
+                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+                **{k: v for k, v in result.items() if k != "samples_ms"},
+            },
+            indent=2,
+        )
+    )
+    _plot(result, out / "write_path.png")
+    print(f"saved {out / 'results.json'} and {out / 'write_path.png'}")
+    return 0 if result["completed"]["fact"] == args.turns else 1
+
+
+def add_write_path_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+    bench = kinds.add_parser("write-path", help="publish -> indexed turn -> reconciled fact")
+    bench.add_argument("--turns", type=int, default=100, help="chats to send")
+    bench.add_argument("--conversations", type=int, default=5, help="spread over this many")
+    bench.add_argument("--rate", type=float, default=5.0, help="chats per second")
+    bench.add_argument(
+        "--llm-url", default=None, help="OpenAI-compatible URL (default: the built-in scripted LLM)"
+    )
+    bench.add_argument("--timeout", type=float, default=120.0, help="wait for stragglers (s)")
+    bench.add_argument("--out", default="bench-results/write-path", help="output directory")
+    bench.set_defaults(func=handler, run=_cmd_write_path)
