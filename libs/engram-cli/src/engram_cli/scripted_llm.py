@@ -227,8 +227,9 @@ class RuleBasedBrain:
 
     User chats get ``chat_reply``, then each of ``more_chat_replies`` in turn (the
     last one repeats). Deterministic and dependency-free: for tests, demos and
-    write-path benchmarks where a real model is not the point. It understands first-person statements
-    ("I love pizza", "My wife's name is Anne"), hedges ("I think…" lowers confidence),
+    write-path benchmarks where a real model is not the point. It understands
+    first-person statements ("I love pizza", "My wife's name is Anne"), hedges
+    ("I think…" lowers confidence),
     corrections of "<subject> is <value>" facts (UPDATE) and love/hate reversals
     (DELETE), and treats greetings and questions as chit-chat.
     """
