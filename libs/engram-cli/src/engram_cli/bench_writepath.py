@@ -75,7 +75,8 @@ async def _drive(
     async def on_change(msg: Any) -> None:
         change = MemoryChanged.model_validate_json(msg.data)
         memory = change.memory
-        token = next((w for w in memory.text.split() if w.startswith("wpb") and w in sent), None)
+        words = (w.strip(".,!?") for w in memory.text.split())
+        token = next((w for w in words if w.startswith("wpb") and w in sent), None)
         if token is None:
             return
         stage = (
