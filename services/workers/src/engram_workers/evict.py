@@ -33,7 +33,7 @@ from engram_core.events import MemoryChanged, deterministic_event_id
 from engram_core.logging import get_logger
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import kind_name, pb
-from engram_workers.locks import KeyLocks, LockTimeout
+from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
     Delivery,
     RetryableError,
@@ -54,7 +54,7 @@ LIST_PAGE = 500  # the service's cap
 DELETE_BATCH = 1000  # the service's cap
 
 
-class EvictSettings(WorkerSettings):
+class EvictSettings(WorkerSettings, LockSettingsMixin):
     health_port: int = Field(
         default=8204, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
     )
@@ -64,20 +64,12 @@ class EvictSettings(WorkerSettings):
         le=1_000_000,
         description="Most turns + facts (superseded included) + episodes one conversation keeps.",
     )
-    lock_ttl_s: float = Field(
-        default=30.0, gt=0, description="A crashed holder's conversation lock expires after this."
-    )
-    lock_wait_s: float = Field(
-        default=60.0, gt=0, description="Wait this long for a busy lock, then retry later."
-    )
 
 
 @asynccontextmanager
 async def open_resources(worker: Worker[Any]) -> AsyncIterator[KeyLocks]:
     settings: EvictSettings = worker.settings  # type: ignore[assignment]
-    async with KeyLocks.connect(
-        settings.nats_url, ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s
-    ) as locks:
+    async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
         yield locks
 
 

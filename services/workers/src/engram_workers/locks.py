@@ -14,13 +14,14 @@ import hashlib
 import random
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 
 import nats
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
+from pydantic import BaseModel, Field
 
 from engram_core.bus import nats_servers
 from engram_core.logging import get_logger
@@ -28,6 +29,17 @@ from engram_core.logging import get_logger
 log = get_logger(__name__)
 
 LOCK_BUCKET = "ENGRAM_LOCKS"
+
+
+class LockSettingsMixin(BaseModel):
+    """Lock variables of the workers that serialise per conversation."""
+
+    lock_ttl_s: float = Field(
+        default=30.0, gt=0, description="A crashed holder's lock expires after this."
+    )
+    lock_wait_s: float = Field(
+        default=60.0, gt=0, description="Wait this long for a busy lock, then retry later."
+    )
 
 
 class LockTimeout(Exception):
@@ -63,6 +75,13 @@ class KeyLocks:
             yield cls(kv, nc, ttl_s=ttl_s, wait_s=wait_s)
         finally:
             await nc.close()
+
+    @classmethod
+    def from_settings(
+        cls, settings: LockSettingsMixin, nats_url: str
+    ) -> AbstractAsyncContextManager[KeyLocks]:
+        """``connect`` with a worker's lock settings (an async context manager)."""
+        return cls.connect(nats_url, ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s)
 
     @staticmethod
     def key(*parts: str) -> str:

@@ -58,7 +58,7 @@ from engram_workers.llm import (
     LlmSettingsMixin,
     LlmUnavailable,
 )
-from engram_workers.locks import KeyLocks, LockTimeout
+from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
     Delivery,
     RetryableError,
@@ -111,7 +111,7 @@ Anne"}, {"fact": 1, "event": "ADD"}]}
 """
 
 
-class ReconcileSettings(WorkerSettings, LlmSettingsMixin):
+class ReconcileSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     health_port: int = Field(
         default=8202, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
     )
@@ -129,14 +129,6 @@ class ReconcileSettings(WorkerSettings, LlmSettingsMixin):
         le=1.0,
         description="A new fact this similar to a current fact is not stored again.",
     )
-    lock_ttl_s: float = Field(
-        default=30.0, gt=0, description="Lifetime of a crashed holder's conversation lock."
-    )
-    lock_wait_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="How long to wait for a busy conversation before retrying later.",
-    )
 
 
 @dataclass(frozen=True)
@@ -151,9 +143,7 @@ async def reconcile_resources(worker: Worker[Any]) -> AsyncIterator[ReconcileRes
     settings: ReconcileSettings = worker.settings  # type: ignore[assignment]
     llm = LlmClient(settings)
     try:
-        async with KeyLocks.connect(
-            settings.nats_url, ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s
-        ) as locks:
+        async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
             yield ReconcileResources(settings=settings, llm=llm, locks=locks)
     finally:
         await llm.close()

@@ -47,7 +47,7 @@ from engram_workers.llm import (
     LlmSettingsMixin,
     LlmUnavailable,
 )
-from engram_workers.locks import KeyLocks, LockTimeout
+from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
     Delivery,
     RetryableError,
@@ -81,7 +81,7 @@ SUMMARIZER_LLM = "llm"
 SUMMARIZER_RULES = "rule-based"
 
 
-class SummarizeSettings(WorkerSettings, LlmSettingsMixin):
+class SummarizeSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     health_port: int = Field(
         default=8203, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
     )
@@ -99,12 +99,6 @@ class SummarizeSettings(WorkerSettings, LlmSettingsMixin):
     episode_max_chars: int = Field(
         default=1500, ge=200, le=20000, description="Upper bound of one episode's text."
     )
-    lock_ttl_s: float = Field(
-        default=30.0, gt=0, description="A crashed holder's conversation lock expires after this."
-    )
-    lock_wait_s: float = Field(
-        default=60.0, gt=0, description="Wait this long for a busy lock, then retry later."
-    )
 
 
 @dataclass
@@ -118,9 +112,7 @@ async def open_resources(worker: Worker[Any]) -> AsyncIterator[SummarizeResource
     settings: SummarizeSettings = worker.settings  # type: ignore[assignment]
     llm = LlmClient(settings)
     try:
-        async with KeyLocks.connect(
-            settings.nats_url, ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s
-        ) as locks:
+        async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
             yield SummarizeResources(llm=llm, locks=locks)
     finally:
         await llm.close()
