@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from engram_cli.stack import WORKERS, Stack, StackSettings
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.upstream import ScriptedUpstream
+from engram_testing.waiting import eventually
 
 
 def stack_settings(data_dir: Path) -> StackSettings:
@@ -55,15 +55,9 @@ def gateway_url(stack: Stack) -> str:
     return f"http://{stack.settings.gateway_host}:{stack.settings.gateway_port}/v1"
 
 
-async def wait_for(predicate: Callable[[], Any], timeout_s: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.2)
+# The whole stack settles slower than one worker in-process: callers name their timeout
+# (30 s unless the outcome needs longer) and the checks poll at a gentler pace.
+wait_for = functools.partial(eventually, interval_s=0.2)
 
 
 async def count_memories(

@@ -68,6 +68,7 @@ async def test_second_chat_recalls_the_first(
     # ingest is asynchronous: the user and the assistant turn get indexed
     await wait_for(
         lambda: _at_least(count_memories(stack.settings.retrieval_listen, TENANT, conversation), 2),
+        30,
         what="both turns indexed",
     )
 
@@ -108,7 +109,7 @@ async def test_second_chat_recalls_the_first(
             for s in services_by_trace.values()
         )
 
-    await wait_for(traced_across_services, what="one trace spanning gateway, retrieval, ingest")
+    await wait_for(traced_across_services, 30, what="one trace spanning gateway, retrieval, ingest")
     spans = read_spans(spans_file)
     by_id = {s["span_id"]: s for s in spans}
     ingest_spans = [s for s in spans if s["service"] == "engram-ingest"]
@@ -142,6 +143,7 @@ async def test_streaming_chat_is_relayed_and_its_reply_remembered(
     # the completed assistant reply is persisted and indexed like the user turn
     await wait_for(
         lambda: _at_least(count_memories(stack.settings.retrieval_listen, TENANT, conversation), 2),
+        30,
         what="user and streamed assistant turn indexed",
     )
 

@@ -98,7 +98,7 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
         )
         assert streamed == "Streaming hello from upstream"
         await wait_for(
-            lambda: _at_least(settings.retrieval_listen, "bees", 4), what="four turns indexed"
+            lambda: _at_least(settings.retrieval_listen, "bees", 4), 30, what="four turns indexed"
         )
     finally:
         code = up.interrupt()

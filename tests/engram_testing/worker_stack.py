@@ -1,9 +1,12 @@
 """Workers against the real services, in-process: the retrieval service (real embedder,
-embedded Qdrant) and any number of worker replicas on the test's nats-server.
+embedded Qdrant), any number of worker replicas on the test's nats-server, and readers
+of what they left on the ENGRAM stream.
 
-Used by the worker tests that need real storage semantics (List order, Count,
-supersession, Search); the fake MemoryService in ``services/workers/tests`` covers
-the runtime's delivery policy.
+The embedder is loaded once per test process and shared by every retrieval server;
+each server gets its own store directory, so tests never see each other's memories.
+The fake MemoryService in ``services/workers/tests`` covers the runtime's delivery
+policy; these pieces serve the tests that need real storage semantics (List order,
+Count, supersession, Search).
 """
 
 from __future__ import annotations
@@ -12,15 +15,25 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from pydantic import BaseModel
 
-from engram_core.events import STREAM_NAME, Event, MemoryChanged, MemoryChangeOp, dlq_subject
+from engram_core.events import (
+    STREAM_NAME,
+    DeadLetter,
+    Event,
+    MemoryChanged,
+    MemoryChangeOp,
+    dlq_subject,
+)
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
@@ -28,10 +41,12 @@ from engram_retrieval.embedder import Embedder
 from engram_retrieval.server import RunningServer, build_server
 from engram_retrieval.settings import RetrievalSettings
 from engram_testing.upstream import UpstreamError
+from engram_testing.waiting import eventually
 from engram_workers.llm import TASK_PREFIX
 from engram_workers.runtime import Worker, WorkerSettings, WorkerSpec
 
 E = TypeVar("E", bound=Event)
+M = TypeVar("M", bound=BaseModel)
 
 Answer = Callable[[dict[str, Any]], "str | UpstreamError"]
 
@@ -56,6 +71,9 @@ class ScriptedModel:
         return [payload for name, payload in self.calls if name == task]
 
 
+# --- the retrieval service ------------------------------------------------------------------
+
+
 @functools.cache
 def shared_embedder() -> Embedder:
     """The real MiniLM embedder, loaded once per test session."""
@@ -74,7 +92,8 @@ class RealRetrieval:
 
 @asynccontextmanager
 async def running_retrieval(data_dir: Path) -> AsyncIterator[RealRetrieval]:
-    """The retrieval service on a free port with an embedded store under ``data_dir``."""
+    """The retrieval service on a free port with an embedded store under ``data_dir``,
+    and a client of it (closed with the server)."""
     settings = RetrievalSettings(data_dir=data_dir, retrieval_listen="127.0.0.1:0")
     server = await build_server(settings, embedder=shared_embedder())
     client = RetrievalClient(server.address, timeout_s=30)
@@ -85,102 +104,158 @@ async def running_retrieval(data_dir: Path) -> AsyncIterator[RealRetrieval]:
         await server.stop(grace_s=0)
 
 
-async def eventually(
-    check: Callable[[], Any], timeout_s: float = 15.0, what: str = "", interval_s: float = 0.05
-) -> Any:
-    """Poll until ``check`` (sync or async) returns something truthy, and return it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or check}")
-        await asyncio.sleep(interval_s)
+async def current_facts(
+    client: RetrievalClient, tenant: str, *, include_superseded: bool = False, **flt: Any
+) -> list[pb.Memory]:
+    """Facts of a tenant (optionally filtered), newest first."""
+    reply = await client.list(
+        pb.ListRequest(
+            tenant=tenant,
+            filter=pb.MemoryFilter(
+                kinds=[pb.MEMORY_KIND_FACT], include_superseded=include_superseded, **flt
+            ),
+            page_size=500,
+        )
+    )
+    return list(reply.memories)
+
+
+# --- workers --------------------------------------------------------------------------------
+
+
+def quick_settings(nats_url: str, retrieval_address: str = "") -> dict[str, Any]:
+    """Settings every test worker shares: no health port, quick retries and shutdown."""
+    values: dict[str, Any] = {
+        "nats_url": nats_url,
+        "health_port": 0,
+        "max_deliver": 3,
+        "retry_backoff_s": (0.1,),
+        "ack_wait_s": 5.0,
+        "shutdown_grace_s": 5.0,
+    }
+    if retrieval_address:
+        values["retrieval_address"] = retrieval_address
+    return values
 
 
 @dataclass
 class RunningWorker:
+    """One worker serving in a task of the test's event loop until ``stop`` is set."""
+
     worker: Worker[Any]
     stop: asyncio.Event
     task: asyncio.Task[None]
+
+    @classmethod
+    async def start(cls, spec: WorkerSpec[Any], settings: WorkerSettings) -> RunningWorker:
+        """Start serving and return once the worker consumes (or raise why it could not)."""
+        worker = Worker(spec, settings)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.serve(stop))
+        await eventually(lambda: worker.consuming or task.done(), what=f"{spec.name} start")
+        if task.done():
+            task.result()  # re-raise the start-up failure
+        return cls(worker, stop, task)
 
     async def shutdown(self, timeout_s: float = 15.0) -> None:
         self.stop.set()
         await asyncio.wait_for(self.task, timeout_s)
 
 
+@asynccontextmanager
+async def running_worker(spec: WorkerSpec[Any], settings: WorkerSettings) -> AsyncIterator[Worker]:
+    """One worker in-process, consuming until the block ends (then stopped cleanly)."""
+    running = await RunningWorker.start(spec, settings)
+    try:
+        yield running.worker
+    finally:
+        await running.shutdown(20)
+
+
 @dataclass
 class WorkerStack:
-    """Starts worker replicas against one NATS and one retrieval; stops them after."""
+    """Starts worker replicas against one NATS and one retrieval; stops them together."""
 
     nats_url: str
-    retrieval: RealRetrieval
+    retrieval_address: str = ""
     running: list[RunningWorker] = field(default_factory=list)
 
     def common(self) -> dict[str, Any]:
-        """Settings every test worker shares: no health port, quick retries."""
-        return {
-            "nats_url": self.nats_url,
-            "retrieval_address": self.retrieval.address,
-            "health_port": 0,
-            "max_deliver": 3,
-            "retry_backoff_s": (0.1,),
-            "ack_wait_s": 5.0,
-            "shutdown_grace_s": 5.0,
-        }
+        """:func:`quick_settings` for this NATS and retrieval."""
+        return quick_settings(self.nats_url, self.retrieval_address)
 
     async def start(self, spec: WorkerSpec[Any], settings: WorkerSettings) -> RunningWorker:
-        worker = Worker(spec, settings)
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.serve(stop))
-        running = RunningWorker(worker, stop, task)
+        running = await RunningWorker.start(spec, settings)
         self.running.append(running)
-        await eventually(lambda: worker.consuming or task.done(), what=f"{spec.name} start")
-        if task.done():
-            task.result()  # re-raise the start-up failure
         return running
 
-    async def stop_all(self) -> None:
+    async def stop_all(self, timeout_s: float = 15.0) -> None:
+        for running in self.running:
+            running.stop.set()
         for running in self.running:
             if not running.task.done():
-                await running.shutdown()
+                await asyncio.wait_for(running.task, timeout_s)
 
-    async def settled(self, consumer: str) -> bool:
-        """Every message of ``consumer`` answered: none pending, none awaiting an ack."""
-        nc = await nats.connect(self.nats_url)
-        try:
-            info = await nc.jetstream().consumer_info(STREAM_NAME, consumer)
-            return info.num_pending == 0 and info.num_ack_pending == 0
-        finally:
-            await nc.close()
 
-    async def dead_letter_count(self, worker: str) -> int:
-        nc = await nats.connect(self.nats_url)
-        try:
-            info = await nc.jetstream().stream_info(
-                STREAM_NAME, subjects_filter=dlq_subject(worker)
-            )
-            return sum((info.state.subjects or {}).values())
-        finally:
-            await nc.close()
+# --- the stream -----------------------------------------------------------------------------
 
-    async def events(self, event_type: type[E]) -> list[E]:
-        """Every event of this type in the stream so far, in stream order."""
-        nc = await nats.connect(self.nats_url)
-        try:
-            sub = await nc.jetstream().pull_subscribe(event_type.subject, stream=STREAM_NAME)
-            found: list[E] = []
-            while True:
-                try:
-                    batch = await sub.fetch(100, timeout=0.3)
-                except nats.errors.TimeoutError:
-                    return found
-                found += [event_type.model_validate_json(msg.data) for msg in batch]
-        finally:
-            await nc.close()
+
+@asynccontextmanager
+async def _jetstream(nats_url: str) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(nats_url)
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+
+
+async def _stored(js: JetStreamContext, subject: str) -> int:
+    info = await js.stream_info(STREAM_NAME, subjects_filter=subject)
+    return sum((info.state.subjects or {}).values())
+
+
+async def _read(nats_url: str, subject: str, model: type[M]) -> list[M]:
+    """Every message on ``subject`` now in the stream, oldest first."""
+    async with _jetstream(nats_url) as js:
+        total = await _stored(js, subject)
+        if not total:
+            return []
+        sub = await js.pull_subscribe(
+            subject,
+            stream=STREAM_NAME,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=5.0),
+        )
+        found: list[M] = []
+        deadline = time.monotonic() + 5.0
+        while len(found) < total and time.monotonic() < deadline:
+            with suppress(nats.errors.TimeoutError):
+                for msg in await sub.fetch(total - len(found), timeout=0.5):
+                    found.append(model.model_validate_json(msg.data))
+                    await msg.ack()
+        await sub.unsubscribe()
+        return found
+
+
+async def published(nats_url: str, event_type: type[E]) -> list[E]:
+    """Every event of this type now in the stream, oldest first."""
+    return await _read(nats_url, event_type.subject, event_type)
+
+
+async def dead_letters(nats_url: str, worker: str) -> list[DeadLetter]:
+    """Every dead letter of this worker now in the stream, oldest first."""
+    return await _read(nats_url, dlq_subject(worker), DeadLetter)
+
+
+async def dead_letter_count(nats_url: str, worker: str) -> int:
+    async with _jetstream(nats_url) as js:
+        return await _stored(js, dlq_subject(worker))
+
+
+async def consumer_settled(nats_url: str, durable: str) -> bool:
+    """Every message of the consumer was answered (acked or terminated)."""
+    async with _jetstream(nats_url) as js:
+        info = await js.consumer_info(STREAM_NAME, durable)
+        return info.num_pending == 0 and info.num_ack_pending == 0
 
 
 def changed(

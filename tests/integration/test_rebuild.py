@@ -12,8 +12,7 @@ import pytest
 from engram_cli.main import main
 from engram_core.events import MemoryChanged, MemoryRecord, ProposedProfileFact
 from engram_core.proto import pb
-from engram_core.retrieval_client import RetrievalClient
-from engram_testing.memory_stack import running_retrieval
+from engram_testing.worker_stack import running_retrieval
 from engram_workers.mirror import Mirror
 
 pytestmark = pytest.mark.integration
@@ -89,45 +88,42 @@ async def test_rebuild_restores_an_empty_index_from_the_mirror(
     (root / "acme" / "c1" / "facts" / "broken.md").write_text("no front matter\n")
 
     async with running_retrieval(tmp_path / "fresh-index") as server:
-        client = RetrievalClient(server.address, timeout_s=30)
-        try:
-            search = pb.SearchRequest(
-                tenant="acme", query="What is my dog's name?", user_id="u1", conversation_id="c1"
-            )
-            assert not (await client.search(search)).hits  # empty index
+        client = server.client
+        search = pb.SearchRequest(
+            tenant="acme", query="What is my dog's name?", user_id="u1", conversation_id="c1"
+        )
+        assert not (await client.search(search)).hits  # empty index
 
-            code = await run_cli("--mirror-root", str(root), "--retrieval", server.address)
-            out, err = capsys.readouterr()
-            assert code == 1  # one file could not be read; everything else was rebuilt
-            assert "broken.md: no front matter" in err
-            assert "rebuild [##############################] 6/6" in err  # the progress bar
-            assert "rebuilt 6 memories" in out and "5 live, 1 superseded" in out
-            assert "(created 6, updated 0, unchanged 0)" in out
-            assert "not re-indexed: 2 tombstones (1 deleted, 1 evicted)" in out
+        code = await run_cli("--mirror-root", str(root), "--retrieval", server.address)
+        out, err = capsys.readouterr()
+        assert code == 1  # one file could not be read; everything else was rebuilt
+        assert "broken.md: no front matter" in err
+        assert "rebuild [##############################] 6/6" in err  # the progress bar
+        assert "rebuilt 6 memories" in out and "5 live, 1 superseded" in out
+        assert "(created 6, updated 0, unchanged 0)" in out
+        assert "not re-indexed: 2 tombstones (1 deleted, 1 evicted)" in out
 
-            hits = [hit.memory for hit in (await client.search(search)).hits]
-            assert "My dog is called Biscuit." in [m.text for m in hits]
-            assert {m.id for m in hits} >= {DOG}  # original ids
-            got = await client.get(
-                pb.GetRequest(tenant="acme", ids=[DOG, PIZZA_OLD, PIZZA_NEW, PHONE, EVICTED, NAME])
-            )
-            by_id = {m.id: m for m in got.memories}
-            assert sorted(got.missing_ids) == [PHONE, EVICTED]  # removed on purpose
-            assert by_id[PIZZA_OLD].superseded_by == PIZZA_NEW  # history survives
-            assert by_id[PIZZA_OLD].text == "I love pizza."
-            assert by_id[PIZZA_NEW].superseded_by == ""
-            assert by_id[NAME].profile.value == "Anne"
-            assert by_id[DOG].created_at.ToDatetime(tzinfo=UTC) == T0
-            other = await client.get(pb.GetRequest(tenant="other", ids=[OTHER_TENANT_FACT]))
-            assert [m.text for m in other.memories] == ["I like tea."]
+        hits = [hit.memory for hit in (await client.search(search)).hits]
+        assert "My dog is called Biscuit." in [m.text for m in hits]
+        assert {m.id for m in hits} >= {DOG}  # original ids
+        got = await client.get(
+            pb.GetRequest(tenant="acme", ids=[DOG, PIZZA_OLD, PIZZA_NEW, PHONE, EVICTED, NAME])
+        )
+        by_id = {m.id: m for m in got.memories}
+        assert sorted(got.missing_ids) == [PHONE, EVICTED]  # removed on purpose
+        assert by_id[PIZZA_OLD].superseded_by == PIZZA_NEW  # history survives
+        assert by_id[PIZZA_OLD].text == "I love pizza."
+        assert by_id[PIZZA_NEW].superseded_by == ""
+        assert by_id[NAME].profile.value == "Anne"
+        assert by_id[DOG].created_at.ToDatetime(tzinfo=UTC) == T0
+        other = await client.get(pb.GetRequest(tenant="other", ids=[OTHER_TENANT_FACT]))
+        assert [m.text for m in other.memories] == ["I like tea."]
 
-            # Again: the same memories, nothing changes.
-            (root / "acme" / "c1" / "facts" / "broken.md").unlink()
-            assert await run_cli("--mirror-root", str(root), "--retrieval", server.address) == 0
-            out, _ = capsys.readouterr()
-            assert "(created 0, updated 0, unchanged 6)" in out
-        finally:
-            await client.close()
+        # Again: the same memories, nothing changes.
+        (root / "acme" / "c1" / "facts" / "broken.md").unlink()
+        assert await run_cli("--mirror-root", str(root), "--retrieval", server.address) == 0
+        out, _ = capsys.readouterr()
+        assert "(created 0, updated 0, unchanged 6)" in out
 
 
 async def test_rebuild_one_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,14 +134,10 @@ async def test_rebuild_one_tenant(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert await run_cli(*args) == 0
         out, _ = capsys.readouterr()
         assert "rebuilt 1 memories" in out
-        client = RetrievalClient(server.address)
-        try:
-            counts = await client.count(pb.CountRequest(tenant="acme"))
-            assert counts.count == 0
-            counts = await client.count(pb.CountRequest(tenant="other"))
-            assert counts.count == 1
-        finally:
-            await client.close()
+        counts = await server.client.count(pb.CountRequest(tenant="acme"))
+        assert counts.count == 0
+        counts = await server.client.count(pb.CountRequest(tenant="other"))
+        assert counts.count == 1
 
 
 async def test_rebuild_reports_a_missing_mirror(

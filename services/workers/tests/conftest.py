@@ -1,7 +1,7 @@
-"""Fixtures for the worker tests: a fake MemoryService and in-process workers.
+"""Fixtures for the worker tests: in-process workers against a fake MemoryService (the
+runtime's delivery policy) or the real retrieval service (storage semantics).
 
-The broker is always a real nats-server (the shared ``nats_url`` fixture); only the
-retrieval service is faked, because its real implementation lives in another package.
+The broker is always a real nats-server (the shared ``nats_url`` fixture).
 """
 
 from __future__ import annotations
@@ -9,20 +9,30 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import grpc
-import nats
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from engram_core.bus import make_broker
-from engram_core.events import STREAM_NAME, DeadLetter, dlq_subject
+from engram_core.events import DeadLetter
 from engram_core.proto import pb, pb_grpc
 from engram_core.retrieval_client import SERVICE_NAME
+from engram_testing.waiting import eventually as shared_eventually
+from engram_testing.worker_stack import (
+    RealRetrieval,
+    RunningWorker,
+    WorkerStack,
+    consumer_settled,
+    dead_letter_count,
+    dead_letters,
+    running_retrieval,
+)
 from engram_workers.ingest import INGEST, IngestSettings
-from engram_workers.runtime import Worker
 
 
 class FakeMemoryService(pb_grpc.MemoryServiceServicer):
@@ -90,55 +100,22 @@ async def fake_retrieval() -> AsyncIterator[FakeRetrieval]:
         await server.stop(grace=None)
 
 
-async def _eventually(
-    check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 10.0, what: str = ""
-) -> None:
-    """Poll until ``check`` holds; the bus is asynchronous, so tests wait for outcomes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or check}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
-def eventually() -> Callable[..., Awaitable[None]]:
-    return _eventually
-
-
-@dataclass
-class RunningWorker:
-    worker: Worker
-    stop: asyncio.Event
-    task: asyncio.Task[None]
-
-    async def shutdown(self, timeout_s: float = 15.0) -> None:
-        self.stop.set()
-        await asyncio.wait_for(self.task, timeout_s)
+def eventually() -> Callable[..., Awaitable[Any]]:
+    """The shared polling helper, for tests that take it as a fixture."""
+    return shared_eventually
 
 
 @dataclass
 class IngestHarness:
     """Starts ingest workers against the test's NATS and fake retrieval; stops them after."""
 
-    nats_url: str
     retrieval: FakeRetrieval
-    running: list[RunningWorker] = field(default_factory=list)
+    workers: WorkerStack
 
     def settings(self, **overrides: object) -> IngestSettings:
         values: dict[str, object] = {
-            "nats_url": self.nats_url,
-            "retrieval_address": self.retrieval.address,
-            "health_port": 0,
-            "max_deliver": 3,
-            "retry_backoff_s": (0.1,),
-            "ack_wait_s": 5.0,
-            "shutdown_grace_s": 5.0,
+            **self.workers.common(),
             # The fake retrieval has no List and there is no LLM here; extraction is
             # tested against the real retrieval service in test_extraction.py.
             "extraction_enabled": False,
@@ -147,66 +124,49 @@ class IngestHarness:
         return IngestSettings(**values)
 
     async def start(self, **overrides: object) -> RunningWorker:
-        worker = Worker(INGEST, self.settings(**overrides))
-        stop = asyncio.Event()
-        task = asyncio.create_task(worker.serve(stop))
-        running = RunningWorker(worker, stop, task)
-        self.running.append(running)
-        await _eventually(lambda: worker.consuming or task.done(), what="worker start")
-        if task.done():
-            task.result()  # re-raise the start-up failure
-        return running
-
-    async def stop_all(self) -> None:
-        for running in self.running:
-            if not running.task.done():
-                await running.shutdown()
+        return await self.workers.start(INGEST, self.settings(**overrides))
 
     async def dead_letters(self, count: int, timeout_s: float = 10.0) -> list[DeadLetter]:
         """The first ``count`` dead letters of the ingest worker (fails if fewer arrive)."""
-        nc = await nats.connect(self.nats_url)
-        try:
-            sub = await nc.jetstream().pull_subscribe(dlq_subject("ingest"), stream=STREAM_NAME)
-            letters: list[DeadLetter] = []
-            deadline = time.monotonic() + timeout_s
-            while len(letters) < count and time.monotonic() < deadline:
-                try:
-                    msgs = await sub.fetch(count - len(letters), timeout=0.5)
-                except nats.errors.TimeoutError:
-                    continue
-                letters += [DeadLetter.model_validate_json(msg.data) for msg in msgs]
-            assert len(letters) == count, f"expected {count} dead letters, got {len(letters)}"
-            return letters
-        finally:
-            await nc.close()
+
+        async def arrived() -> list[DeadLetter] | None:
+            letters = await dead_letters(self.workers.nats_url, "ingest")
+            return letters[:count] if len(letters) >= count else None
+
+        return await shared_eventually(arrived, timeout_s, what=f"{count} dead letters")
 
     async def dead_letter_count(self) -> int:
-        nc = await nats.connect(self.nats_url)
-        try:
-            info = await nc.jetstream().stream_info(
-                STREAM_NAME, subjects_filter=dlq_subject("ingest")
-            )
-            return sum((info.state.subjects or {}).values())
-        finally:
-            await nc.close()
+        return await dead_letter_count(self.workers.nats_url, "ingest")
 
     async def settled(self) -> bool:
         """Every message was answered: nothing left to deliver, nothing awaiting an ack."""
-        nc = await nats.connect(self.nats_url)
-        try:
-            info = await nc.jetstream().consumer_info(STREAM_NAME, "ingest")
-            return info.num_pending == 0 and info.num_ack_pending == 0
-        finally:
-            await nc.close()
+        return await consumer_settled(self.workers.nats_url, "ingest")
 
 
 @pytest.fixture
 async def ingest(nats_url: str, fake_retrieval: FakeRetrieval) -> AsyncIterator[IngestHarness]:
-    harness = IngestHarness(nats_url, fake_retrieval)
+    workers = WorkerStack(nats_url, fake_retrieval.address)
     try:
-        yield harness
+        yield IngestHarness(fake_retrieval, workers)
     finally:
-        await harness.stop_all()
+        await workers.stop_all()
+
+
+@pytest.fixture
+async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
+    """The real retrieval service, in-process, storing under ``tmp_path``."""
+    async with running_retrieval(tmp_path / "retrieval") as running:
+        yield running
+
+
+@pytest.fixture
+async def workers(nats_url: str, retrieval: RealRetrieval) -> AsyncIterator[WorkerStack]:
+    """Workers against the test's NATS and the real retrieval; stopped after the test."""
+    stack = WorkerStack(nats_url, retrieval.address)
+    try:
+        yield stack
+    finally:
+        await stack.stop_all()
 
 
 @pytest.fixture

@@ -20,8 +20,15 @@ from engram_core.memory_record import record_from_pb
 from engram_core.mirror_format import format_time, live_path, tombstone_path
 from engram_core.proto import from_timestamp, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
-from engram_testing.memory_stack import consumer_settled, published, running_retrieval, wait_for
-from engram_testing.mirror_support import git_log, running_worker
+from engram_testing.mirror_support import git_log
+from engram_testing.waiting import eventually
+from engram_testing.worker_stack import (
+    RealRetrieval,
+    consumer_settled,
+    published,
+    quick_settings,
+    running_worker,
+)
 from engram_workers.edits import EDITS, EditsSettings
 from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
 
@@ -87,7 +94,7 @@ class Stack:
             )
         for memory in stored:
             path = self.path(memory)
-            await wait_for(path.exists, what=f"the file of {memory.text!r}")
+            await eventually(path.exists, what=f"the file of {memory.text!r}")
         return list(stored)
 
     def path(self, memory: pb.Memory) -> Path:
@@ -95,36 +102,23 @@ class Stack:
 
 
 @pytest.fixture
-async def stack(tmp_path: Path, nats_url: str) -> AsyncIterator[Stack]:
-    common: dict[str, Any] = {
-        "nats_url": nats_url,
-        "health_port": 0,
-        "max_deliver": 3,
-        "retry_backoff_s": (0.1,),
-        "ack_wait_s": 5.0,
-        "shutdown_grace_s": 5.0,
-    }
+async def stack(tmp_path: Path, nats_url: str, retrieval: RealRetrieval) -> AsyncIterator[Stack]:
     root = tmp_path / "mirror"
-    async with running_retrieval(tmp_path / "retrieval") as server:
-        mirror_settings = MirrorSettings(
-            **common,
-            mirror_root=root,
-            mirror_commit_interval_s=0.2,
-            mirror_watch_debounce_ms=50,
-        )
-        edits_settings = EditsSettings(**common, retrieval_address=server.address)
-        client = RetrievalClient(server.address, timeout_s=30)
-        try:
-            async with (
-                running_worker(MIRROR, mirror_settings) as mirror_worker,
-                running_worker(EDITS, edits_settings),
-            ):
-                mirror: Mirror = mirror_worker.resources
-                assert mirror.watcher is not None
-                await asyncio.wait_for(mirror.watcher.watching.wait(), 10)
-                yield Stack(root, client, mirror, nats_url)
-        finally:
-            await client.close()
+    mirror_settings = MirrorSettings(
+        **quick_settings(nats_url),
+        mirror_root=root,
+        mirror_commit_interval_s=0.2,
+        mirror_watch_debounce_ms=50,
+    )
+    edits_settings = EditsSettings(**quick_settings(nats_url, retrieval.address))
+    async with (
+        running_worker(MIRROR, mirror_settings) as mirror_worker,
+        running_worker(EDITS, edits_settings),
+    ):
+        mirror: Mirror = mirror_worker.resources
+        assert mirror.watcher is not None
+        await asyncio.wait_for(mirror.watcher.watching.wait(), 10)
+        yield Stack(root, retrieval.client, mirror, nats_url)
 
 
 def front_matter(path: Path) -> dict[str, Any]:
@@ -141,7 +135,7 @@ async def test_editing_a_fact_file_changes_what_search_returns(stack: Stack, pub
     async def dog_renamed() -> bool:
         return "My dog is called Rex." in await stack.hits("What is my dog's name?")
 
-    await wait_for(dog_renamed, what="the edit in Search")
+    await eventually(dog_renamed, what="the edit in Search")
     hits = await stack.hits("What is my dog's name?")
     assert "My dog is called Biscuit." not in hits
     stored = await stack.get(dog.id)
@@ -150,11 +144,11 @@ async def test_editing_a_fact_file_changes_what_search_returns(stack: Stack, pub
 
     # The mirror converges on the index's state (a newer updated_at), and its own
     # rewrite is not another edit: exactly one memory.edited, then quiet.
-    await wait_for(
+    await eventually(
         lambda: front_matter(path)["updated_at"] != front_matter_time(dog.updated_at),
         what="the canonical rewrite",
     )
-    await wait_for(stack.settled, what="everything handled")
+    await eventually(stack.settled, what="everything handled")
     await asyncio.sleep(0.4)
     edits = await published(stack.nats_url, MemoryEdited)
     assert [(e.op, e.memory.id) for e in edits] == [("upserted", dog.id)]
@@ -163,7 +157,7 @@ async def test_editing_a_fact_file_changes_what_search_returns(stack: Stack, pub
         ("updated", "mirror-edit")
     ]
     assert (await stack.get(job.id)) is not None  # the other fact is untouched
-    await wait_for(lambda: any("hand-edited" in s for s in git_log(stack.root)), what="commit")
+    await eventually(lambda: any("hand-edited" in s for s in git_log(stack.root)), what="commit")
 
 
 def front_matter_time(ts: Any) -> str:
@@ -184,16 +178,16 @@ async def test_deleting_a_file_removes_the_memory_and_leaves_a_tombstone(
     async def gone() -> bool:
         return await stack.get(allergy.id) is None
 
-    await wait_for(gone, what="the deletion in the index")
+    await eventually(gone, what="the deletion in the index")
     assert "I have a severe peanut allergy." not in await stack.hits("Do I have allergies?")
     tomb = stack.root / str(tombstone_path(TENANT, record_from_pb(allergy)))
-    await wait_for(tomb.exists, what="the tombstone")
+    await eventually(tomb.exists, what="the tombstone")
     front = front_matter(tomb)
     assert front["id"] == allergy.id
     assert (front["tombstone"]["reason"], front["tombstone"]["cause"]) == ("deleted", "mirror-edit")
     assert tomb.read_text().rstrip("\n").endswith("I have a severe peanut allergy.")
     assert not stack.path(allergy).exists()
-    await wait_for(
+    await eventually(
         lambda: any("deleted (fact)" in s for s in git_log(stack.root)), what="the commit"
     )
 
@@ -209,16 +203,16 @@ async def test_a_hand_written_file_becomes_a_memory(stack: Stack, publisher) -> 
     async def searchable() -> bool:
         return "I am allergic to cats." in await stack.hits("Am I allergic to any animals?")
 
-    await wait_for(searchable, what="the new memory in Search")
+    await eventually(searchable, what="the new memory in Search")
     [edit] = await published(stack.nats_url, MemoryEdited)
     stored = await stack.get(edit.memory.id)
     assert stored is not None and list(stored.tags) == ["health"]
     # The hand-made name gives way to the canonical one, which carries the id.
     canonical = stack.path(stored)
-    await wait_for(lambda: canonical.exists() and not note.exists(), what="the canonical file")
+    await eventually(lambda: canonical.exists() and not note.exists(), what="the canonical file")
     assert canonical.name.endswith(f"__{stored.id}.md")
     assert front_matter(canonical)["id"] == stored.id
-    await wait_for(stack.settled, what="everything handled")
+    await eventually(stack.settled, what="everything handled")
     await asyncio.sleep(0.4)
     # Moving the file to its canonical name was the mirror's doing: not a deletion.
     assert len(await published(stack.nats_url, MemoryEdited)) == 1

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,13 +12,15 @@ from engram_core.bus import publish_event
 from engram_core.events import Event, MemoryChanged
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import pb, to_timestamp
+from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
     RealRetrieval,
     RunningWorker,
     WorkerStack,
     changed,
-    eventually,
-    running_retrieval,
+    consumer_settled,
+    dead_letter_count,
+    published,
 )
 from engram_workers.evict import EVICT, EvictSettings, eviction_order
 
@@ -31,24 +31,9 @@ CONVERSATION = "c1"
 START = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 
 
-@pytest.fixture
-async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
-    async with running_retrieval(tmp_path / "retrieval") as running:
-        yield running
-
-
-@pytest.fixture
-async def stack(nats_url: str, retrieval: RealRetrieval) -> AsyncIterator[WorkerStack]:
-    workers = WorkerStack(nats_url, retrieval)
-    try:
-        yield workers
-    finally:
-        await workers.stop_all()
-
-
-async def start_evict(stack: WorkerStack, max_entries: int, **overrides: Any) -> RunningWorker:
-    values = {**stack.common(), "max_entries": max_entries, "lock_wait_s": 10.0, **overrides}
-    running = await stack.start(EVICT, EvictSettings(**values))
+async def start_evict(workers: WorkerStack, max_entries: int, **overrides: Any) -> RunningWorker:
+    values = {**workers.common(), "max_entries": max_entries, "lock_wait_s": 10.0, **overrides}
+    running = await workers.start(EVICT, EvictSettings(**values))
     running.published = []  # type: ignore[attr-defined]
     publish = running.worker.publish
 
@@ -90,12 +75,12 @@ async def remaining(retrieval: RealRetrieval) -> set[str]:
     return {m.id for m in reply.memories}
 
 
-async def evicted_events(stack: WorkerStack) -> list[MemoryChanged]:
-    return [e for e in await stack.events(MemoryChanged) if e.op == "evicted"]
+async def evicted_events(workers: WorkerStack) -> list[MemoryChanged]:
+    return [e for e in await published(workers.nats_url, MemoryChanged) if e.op == "evicted"]
 
 
 async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_facts(
-    stack, retrieval, publisher
+    workers, retrieval, publisher
 ) -> None:
     # Ages interleave across classes, so the order below is the rule, not the clock.
     fact1 = memory("fact-1", pb.MEMORY_KIND_FACT, 1)
@@ -126,7 +111,7 @@ async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_fac
         retrieval, fact1, fact2, fact3, old1, old2, episode1, episode2, *turns, summary, profile
     )
     # 10 counted (3 turns, 2 superseded + 3 current facts, 2 episodes); keep 3
-    await start_evict(stack, max_entries=3)
+    await start_evict(workers, max_entries=3)
     await publish_event(publisher, changed(TENANT, stored[turns[-1].id]))
 
     expected = [*turns, old1, old2, episode1, fact1]
@@ -136,8 +121,8 @@ async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_fac
         ),
         what="eviction down to 3 entries",
     )
-    await eventually(lambda: stack.settled("evict"), what="the ack")
-    events = await evicted_events(stack)
+    await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the ack")
+    events = await evicted_events(workers)
     assert [e.memory.id for e in events] == [m.id for m in expected]
     for event in events:
         assert event.cause == "evict"
@@ -147,15 +132,15 @@ async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_fac
 
     # at the limit, another change evicts nothing
     await publish_event(publisher, changed(TENANT, stored[fact3.id], event_id="again"))
-    await eventually(lambda: stack.settled("evict"), what="the second ack")
-    assert len(await evicted_events(stack)) == len(expected)
-    assert await stack.dead_letter_count("evict") == 0
+    await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the second ack")
+    assert len(await evicted_events(workers)) == len(expected)
+    assert await dead_letter_count(workers.nats_url, "evict") == 0
 
 
 async def test_a_turn_burst_keeps_the_newest_turns_and_facts_outlive_turns(
-    stack, retrieval, publisher
+    workers, retrieval, publisher
 ) -> None:
-    await start_evict(stack, max_entries=10)
+    await start_evict(workers, max_entries=10)
     facts = [memory(f"fact-{i}", pb.MEMORY_KIND_FACT, 2 * i) for i in range(4)]
     for i in range(20):
         new = [memory(f"turn-{i}", pb.MEMORY_KIND_TURN, 2 * i + 1, role="user")]
@@ -170,14 +155,14 @@ async def test_a_turn_burst_keeps_the_newest_turns_and_facts_outlive_turns(
         lambda: _equals(remaining(retrieval), newest_turns | {f.id for f in facts}),
         what="the four facts and the six newest turns",
     )
-    await eventually(lambda: stack.settled("evict"), what="the acks")
-    evicted = [e.memory.id for e in await evicted_events(stack)]
+    await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the acks")
+    evicted = [e.memory.id for e in await evicted_events(workers)]
     assert sorted(evicted) == sorted(
         memory(f"turn-{i}", pb.MEMORY_KIND_TURN, 0).id for i in range(14)
     )
 
 
-async def test_two_replicas_evict_each_memory_exactly_once(stack, retrieval, publisher) -> None:
+async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, publisher) -> None:
     deleted_calls: list[list[str]] = []
     store_delete = retrieval.server.store.delete
 
@@ -186,7 +171,7 @@ async def test_two_replicas_evict_each_memory_exactly_once(stack, retrieval, pub
         return await store_delete(tenant, ids)
 
     retrieval.server.store.delete = recording_delete  # type: ignore[method-assign]
-    replicas = [await start_evict(stack, max_entries=10, worker_concurrency=4) for _ in range(2)]
+    replicas = [await start_evict(workers, max_entries=10, worker_concurrency=4) for _ in range(2)]
     turns = [memory(f"turn-{i}", pb.MEMORY_KIND_TURN, i, role="user") for i in range(40)]
     for start in range(0, 40, 8):  # bursts: eviction runs while turns keep arriving
         stored = await store(retrieval, *turns[start : start + 8])
@@ -197,13 +182,13 @@ async def test_two_replicas_evict_each_memory_exactly_once(stack, retrieval, pub
         lambda: _equals(remaining(retrieval), {t.id for t in turns[30:]}),
         what="the ten newest turns",
     )
-    await eventually(lambda: stack.settled("evict"), what="the acks")
+    await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the acks")
     requested = [memory_id for call in deleted_calls for memory_id in call]
     assert sorted(requested) == sorted(t.id for t in turns[:30])  # each deleted once
-    published = [e.memory.id for r in replicas for e in r.published]  # type: ignore[attr-defined]
-    assert sorted(published) == sorted(t.id for t in turns[:30])  # each announced once
-    assert len(await evicted_events(stack)) == 30
-    assert await stack.dead_letter_count("evict") == 0
+    announced = [e.memory.id for r in replicas for e in r.published]  # type: ignore[attr-defined]
+    assert sorted(announced) == sorted(t.id for t in turns[:30])  # each announced once
+    assert len(await evicted_events(workers)) == 30
+    assert await dead_letter_count(workers.nats_url, "evict") == 0
 
 
 def test_the_newest_episode_is_never_chosen() -> None:

@@ -9,7 +9,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,13 +23,13 @@ from engram_core.events import (
 )
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
-from engram_testing.memory_stack import (
-    WorkerFleet,
+from engram_testing.waiting import eventually
+from engram_testing.worker_stack import (
+    RealRetrieval,
+    WorkerStack,
     consumer_settled,
     dead_letter_count,
     published,
-    running_retrieval,
-    wait_for,
 )
 from engram_workers.extraction import clean_output, normalise_key
 from engram_workers.ingest import INGEST, IngestSettings, turn_memory_id
@@ -47,18 +46,12 @@ class Stack:
     upstream: ScriptedUpstream
     retrieval: RetrievalClient
     retrieval_address: str
-    fleet: WorkerFleet
+    workers: WorkerStack
     broker: Any
 
     def settings(self, **overrides: object) -> IngestSettings:
         values: dict[str, object] = {
-            "nats_url": self.nats_url,
-            "retrieval_address": self.retrieval_address,
-            "health_port": 0,
-            "max_deliver": 3,
-            "retry_backoff_s": (0.1,),
-            "ack_wait_s": 5.0,
-            "shutdown_grace_s": 5.0,
+            **self.workers.common(),
             "llm_base_url": self.upstream.base_url,
             "llm_timeout_s": 2.0,
             "extraction_model": "extract-mini",
@@ -67,11 +60,11 @@ class Stack:
         return IngestSettings(**values)
 
     async def start(self, **overrides: object) -> None:
-        await self.fleet.start(INGEST, self.settings(**overrides))
+        await self.workers.start(INGEST, self.settings(**overrides))
 
     async def send(self, event: TurnPersisted) -> None:
         await publish_event(self.broker, event)
-        await wait_for(lambda: consumer_settled(self.nats_url, "ingest"), what="ingest to settle")
+        await eventually(lambda: consumer_settled(self.nats_url, "ingest"), what="ingest to settle")
 
     def extraction_requests(self) -> list[dict[str, Any]]:
         return [
@@ -83,20 +76,20 @@ class Stack:
 
 @pytest.fixture
 async def stack(
-    nats_url: str, tmp_path: Path, scripted_upstream: ScriptedUpstream
+    nats_url: str,
+    retrieval: RealRetrieval,
+    workers: WorkerStack,
+    scripted_upstream: ScriptedUpstream,
 ) -> AsyncIterator[Stack]:
     scripted_upstream.replies = [RuleBasedBrain()]
     broker = make_broker(nats_url, client_name="test-gateway")
     await broker.connect()
-    fleet = WorkerFleet()
-    async with running_retrieval(tmp_path / "retrieval") as server:
-        client = RetrievalClient(server.address)
-        try:
-            yield Stack(nats_url, scripted_upstream, client, server.address, fleet, broker)
-        finally:
-            await fleet.stop_all()
-            await client.close()
-            await broker.stop()
+    try:
+        yield Stack(
+            nats_url, scripted_upstream, retrieval.client, retrieval.address, workers, broker
+        )
+    finally:
+        await broker.stop()
 
 
 def turn(n: int = 1, text: str = "My wife's name is Jane. I love pizza!", **fields: Any):

@@ -18,8 +18,9 @@ import yaml
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryEdited, MemoryRecord
 from engram_core.mirror_format import live_path, tombstone_path
-from engram_testing.memory_stack import consumer_settled, published, wait_for
-from engram_testing.mirror_support import git_log, git_status, running_worker
+from engram_testing.mirror_support import git_log, git_status
+from engram_testing.waiting import eventually
+from engram_testing.worker_stack import consumer_settled, published, quick_settings, running_worker
 from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
 
 pytestmark = pytest.mark.integration
@@ -69,15 +70,10 @@ def root(tmp_path: Path) -> Path:
 def settings(nats_url: str, root: Path) -> Callable[..., MirrorSettings]:
     def make(**overrides: Any) -> MirrorSettings:
         values: dict[str, Any] = {
-            "nats_url": nats_url,
-            "health_port": 0,
+            **quick_settings(nats_url),
             "mirror_root": root,
             "mirror_commit_interval_s": 0.2,
             "mirror_watch_debounce_ms": 50,
-            "max_deliver": 3,
-            "retry_backoff_s": (0.1,),
-            "ack_wait_s": 5.0,
-            "shutdown_grace_s": 5.0,
             **overrides,
         }
         return MirrorSettings(**values)
@@ -90,7 +86,7 @@ async def edited_events(nats_url: str, count: int, timeout_s: float = 10.0) -> l
         events = await published(nats_url, MemoryEdited)
         return events if len(events) >= count else None
 
-    events = await wait_for(enough, timeout_s, what=f"{count} memory.edited events")
+    events = await eventually(enough, timeout_s, what=f"{count} memory.edited events")
     assert len(events) == count, [e.path for e in events]
     return events
 
@@ -133,8 +129,8 @@ async def test_every_kind_is_a_file_with_front_matter_and_nothing_echoes(
         for record in records:
             await publish_event(publisher, changed("created", record, cause="test"))
         paths = {r.id: root / str(live_path("acme", r)) for r in records}
-        await wait_for(lambda: all(p.exists() for p in paths.values()), what="the files")
-        await wait_for(lambda: git_status(root) == "", what="the commits")
+        await eventually(lambda: all(p.exists() for p in paths.values()), what="the files")
+        await eventually(lambda: git_status(root) == "", what="the commits")
         # Its own writes reach the watcher too, and are not edits.
         await asyncio.sleep(0.5)
         assert await published(nats_url, MemoryEdited) == []
@@ -224,7 +220,7 @@ async def test_superseded_deleted_and_evicted_become_tombstones_in_one_commit(
 
 
 async def all_acknowledged(nats_url: str) -> None:
-    await wait_for(lambda: consumer_settled(nats_url, "mirror"), what="every message answered")
+    await eventually(lambda: consumer_settled(nats_url, "mirror"), what="every message answered")
 
 
 async def test_redelivered_and_stale_events_change_nothing(
@@ -235,8 +231,8 @@ async def test_redelivered_and_stale_events_change_nothing(
     path = root / str(live_path("acme", fact))
     async with running_worker(MIRROR, settings()):
         await publish_event(publisher, first)
-        await wait_for(path.exists, what="the file")
-        await wait_for(lambda: len(git_log(root)) == 2, what="the commit")
+        await eventually(path.exists, what="the file")
+        await eventually(lambda: len(git_log(root)) == 2, what="the commit")
         written = path.stat().st_mtime_ns
         # The same change again under another event id (a re-publish): no rewrite.
         await publish_event(publisher, first.model_copy(update={"event_id": "again"}))
@@ -262,8 +258,8 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
             await publish_event(publisher, changed("created", record))
         fact_path = root / str(live_path("acme", fact))
         other_path = root / str(live_path("acme", other))
-        await wait_for(lambda: fact_path.exists() and other_path.exists(), what="the files")
-        await wait_for(lambda: git_status(root) == "", what="the commit")
+        await eventually(lambda: fact_path.exists() and other_path.exists(), what="the files")
+        await eventually(lambda: git_status(root) == "", what="the commit")
 
         # 1. A text edit → upserted, with the new text and everything else unchanged.
         fact_path.write_text(fact_path.read_text().replace("Biscuit", "Rex"), encoding="utf-8")
@@ -282,7 +278,7 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         tomb = root / "acme/c1/deleted/facts/old.md"
         tomb.parent.mkdir(parents=True)
         tomb.write_text("---\nkind: fact\n---\nwhatever\n", encoding="utf-8")
-        await wait_for(
+        await eventually(
             lambda: mirror.tree.known.get("acme/c1/facts/broken.md"), what="the broken file seen"
         )
         assert len(await published(nats_url, MemoryEdited)) == 1  # seen, rejected
@@ -316,7 +312,7 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         assert edits[4].memory.text == "I work as a nurse."
 
         # The mirror commits the hand edits too.
-        await wait_for(lambda: "hand-" in " ".join(git_log(root)), what="hand-edit commit")
+        await eventually(lambda: "hand-" in " ".join(git_log(root)), what="hand-edit commit")
     subjects = git_log(root)
     assert any("hand-deleted (fact)" in s for s in subjects), subjects
     assert any("hand-created" in s for s in subjects), subjects
@@ -333,7 +329,7 @@ async def test_edits_made_while_the_mirror_was_down_are_picked_up(
     async with running_worker(MIRROR, settings()):
         for record in (fact, other):
             await publish_event(publisher, changed("created", record))
-        await wait_for(lambda: fact_path.exists() and other_path.exists(), what="the files")
+        await eventually(lambda: fact_path.exists() and other_path.exists(), what="the files")
     assert git_status(root) == ""
 
     # While it is down: a person edits one file; the other is changed the way a mirror
@@ -349,6 +345,6 @@ async def test_edits_made_while_the_mirror_was_down_are_picked_up(
     async with running_worker(MIRROR, settings()):
         [edit] = await edited_events(nats_url, 1)
         assert edit.memory.id == FACT_ID and edit.memory.text == "My dog is called Rex."
-        await wait_for(lambda: git_status(root) == "", what="both committed")
+        await eventually(lambda: git_status(root) == "", what="both committed")
         await asyncio.sleep(0.3)
     assert len(await published(nats_url, MemoryEdited)) == 1

@@ -31,14 +31,14 @@ from engram_core.events import (
 )
 from engram_core.proto import from_timestamp, pb
 from engram_core.retrieval_client import RetrievalClient
-from engram_testing.memory_stack import (
-    WorkerFleet,
+from engram_testing.waiting import eventually
+from engram_testing.worker_stack import (
+    RealRetrieval,
+    WorkerStack,
     consumer_settled,
     current_facts,
     dead_letter_count,
     published,
-    running_retrieval,
-    wait_for,
 )
 from engram_workers.ingest import INGEST, IngestSettings, turn_memory_id
 from engram_workers.reconcile import (
@@ -62,18 +62,13 @@ class Stack:
     upstream: ScriptedUpstream
     retrieval: RetrievalClient
     retrieval_address: str
-    fleet: WorkerFleet
+    workers: WorkerStack
     broker: Any
 
     def settings(self, **overrides: object) -> ReconcileSettings:
         values: dict[str, object] = {
-            "nats_url": self.nats_url,
-            "retrieval_address": self.retrieval_address,
-            "health_port": 0,
+            **self.workers.common(),
             "max_deliver": 4,
-            "retry_backoff_s": (0.1,),
-            "ack_wait_s": 5.0,
-            "shutdown_grace_s": 5.0,
             "llm_base_url": self.upstream.base_url,
             "llm_timeout_s": 2.0,
             "llm_model": "house-model",
@@ -83,10 +78,10 @@ class Stack:
         return ReconcileSettings(**values)
 
     async def start(self, spec=RECONCILE, **overrides: object) -> None:
-        await self.fleet.start(spec, self.settings(**overrides))
+        await self.workers.start(spec, self.settings(**overrides))
 
     async def settled(self, durable: str = "reconcile") -> None:
-        await wait_for(lambda: consumer_settled(self.nats_url, durable), what=f"{durable} idle")
+        await eventually(lambda: consumer_settled(self.nats_url, durable), what=f"{durable} idle")
 
     async def propose(
         self, n: int, *facts: str, settle: bool = True, **fields: Any
@@ -116,20 +111,20 @@ class Stack:
 
 @pytest.fixture
 async def stack(
-    nats_url: str, tmp_path: Path, scripted_upstream: ScriptedUpstream
+    nats_url: str,
+    retrieval: RealRetrieval,
+    workers: WorkerStack,
+    scripted_upstream: ScriptedUpstream,
 ) -> AsyncIterator[Stack]:
     scripted_upstream.replies = [RuleBasedBrain()]
     broker = make_broker(nats_url, client_name="test-ingest")
     await broker.connect()
-    fleet = WorkerFleet()
-    async with running_retrieval(tmp_path / "retrieval") as server:
-        client = RetrievalClient(server.address)
-        try:
-            yield Stack(nats_url, scripted_upstream, client, server.address, fleet, broker)
-        finally:
-            await fleet.stop_all()
-            await client.close()
-            await broker.stop()
+    try:
+        yield Stack(
+            nats_url, scripted_upstream, retrieval.client, retrieval.address, workers, broker
+        )
+    finally:
+        await broker.stop()
 
 
 def turn_time(n: int) -> datetime:
@@ -466,7 +461,7 @@ async def test_two_replicas_never_add_the_same_fact_twice(stack: Stack) -> None:
 
 
 async def test_turns_through_ingest_and_reconcile(stack: Stack) -> None:
-    await stack.fleet.start(
+    await stack.workers.start(
         INGEST,
         IngestSettings(
             nats_url=stack.nats_url,
@@ -537,7 +532,7 @@ async def test_engram_reconcile_runs_and_stops_on_sigterm(stack: Stack, tmp_path
             stderr=log_file,
         )
     try:
-        await wait_for(lambda: asyncio.to_thread(ready, port), 30, "/readyz")
+        await eventually(lambda: asyncio.to_thread(ready, port), 30, "/readyz")
         await stack.propose(1, "User loves pizza")
         await stack.propose(2, "User hates pizza")
         assert await stack.texts() == ["User hates pizza"]

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +14,15 @@ from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged
 from engram_core.proto import pb, to_timestamp
 from engram_testing.upstream import ScriptedUpstream, UpstreamError
+from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
     RealRetrieval,
     ScriptedModel,
     WorkerStack,
     changed,
-    eventually,
-    running_retrieval,
+    consumer_settled,
+    dead_letter_count,
+    published,
 )
 from engram_workers.summarize import SUMMARIZE, SummarizeSettings, summary_memory_id
 
@@ -40,31 +40,18 @@ def appending_summary(payload: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
-    async with running_retrieval(tmp_path / "retrieval") as running:
-        yield running
-
-
-@pytest.fixture
-async def stack(nats_url: str, retrieval: RealRetrieval) -> AsyncIterator[WorkerStack]:
-    workers = WorkerStack(nats_url, retrieval)
-    try:
-        yield workers
-    finally:
-        await workers.stop_all()
-
-
-@pytest.fixture
 def model(scripted_upstream: ScriptedUpstream) -> ScriptedModel:
     scripted = ScriptedModel(summarize=appending_summary)
     scripted_upstream.replies = [scripted]
     return scripted
 
 
-def settings(stack: WorkerStack, upstream: ScriptedUpstream, **overrides: Any) -> SummarizeSettings:
+def settings(
+    workers: WorkerStack, upstream: ScriptedUpstream, **overrides: Any
+) -> SummarizeSettings:
     return SummarizeSettings(
         **{
-            **stack.common(),
+            **workers.common(),
             "llm_base_url": upstream.base_url,
             "llm_model": "scripted",
             "llm_timeout_s": 5.0,
@@ -121,9 +108,9 @@ async def summary_count(retrieval: RealRetrieval) -> int:
 
 
 async def test_rolling_summary_folds_each_new_fact_into_the_previous_summary(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
-    await stack.start(SUMMARIZE, settings(stack, scripted_upstream))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream))
     lisbon = await store_fact(retrieval, "User lives in Lisbon.", 1)
     await publish_event(publisher, changed(TENANT, lisbon))
     first = await summary_at(retrieval, 1)
@@ -161,8 +148,10 @@ async def test_rolling_summary_folds_each_new_fact_into_the_previous_summary(
     assert found.summary.text == second.text
 
     # and both versions were announced (the file mirror writes summaries/summary.md)
-    await eventually(lambda: stack.settled("summarize"), what="the acks")
-    announced = [e for e in await stack.events(MemoryChanged) if e.memory.kind == "summary"]
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the acks")
+    announced = [
+        e for e in await published(workers.nats_url, MemoryChanged) if e.memory.kind == "summary"
+    ]
     assert [(e.op, e.cause, e.memory.text) for e in announced] == [
         ("created", "summarize:summary", "User lives in Lisbon."),
         ("updated", "summarize:summary", second.text),
@@ -172,9 +161,9 @@ async def test_rolling_summary_folds_each_new_fact_into_the_previous_summary(
 
 
 async def test_a_redelivered_fact_is_not_folded_twice(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
-    await stack.start(SUMMARIZE, settings(stack, scripted_upstream))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream))
     fact = await store_fact(retrieval, "User is vegetarian.", 1)
     await publish_event(publisher, changed(TENANT, fact))
     await summary_at(retrieval, 1)
@@ -194,22 +183,22 @@ async def test_a_redelivered_fact_is_not_folded_twice(
         profile=pb.ProfileEntry(category="identity", key="name", value="Ana", confidence=0.9),
     )
     await publish_event(publisher, changed(TENANT, profile))
-    await eventually(lambda: stack.settled("summarize"), what="the acks")
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the acks")
 
     summary = await get_summary(retrieval)
     assert summary is not None
     assert summary.metadata["revision"] == "1"
     assert summary.text == "User is vegetarian."
     assert len(model.calls) == 1
-    assert await stack.dead_letter_count("summarize") == 0
+    assert await dead_letter_count(workers.nats_url, "summarize") == 0
 
 
 async def test_two_replicas_fold_a_burst_without_losing_or_repeating_a_fact(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     scripted_upstream.delay_s = 0.05  # long enough for the replicas to overlap
     for _ in range(2):
-        await stack.start(SUMMARIZE, settings(stack, scripted_upstream, worker_concurrency=4))
+        await workers.start(SUMMARIZE, settings(workers, scripted_upstream, worker_concurrency=4))
     facts = [await store_fact(retrieval, f"User fact number {i}.", i) for i in range(8)]
     for fact in facts:
         await publish_event(publisher, changed(TENANT, fact))
@@ -219,7 +208,7 @@ async def test_two_replicas_fold_a_burst_without_losing_or_repeating_a_fact(
         return summary is not None and summary.metadata["facts_folded"] == "8"
 
     await eventually(all_folded, what="all eight facts folded")
-    await eventually(lambda: stack.settled("summarize"), what="the acks")
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the acks")
     summary = await get_summary(retrieval)
     assert summary is not None
     assert sorted(summary.metadata["folded_fact_ids"].split()) == sorted(f.id for f in facts)
@@ -231,10 +220,10 @@ async def test_two_replicas_fold_a_burst_without_losing_or_repeating_a_fact(
 
 
 async def test_model_junk_falls_back_to_a_rule_based_summary(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["summarize"] = lambda payload: "Sorry, I can't summarise that."
-    await stack.start(SUMMARIZE, settings(stack, scripted_upstream))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream))
     fact = await store_fact(retrieval, "User is allergic to peanuts", 1)
     await publish_event(publisher, changed(TENANT, fact))
 
@@ -255,10 +244,10 @@ async def test_model_junk_falls_back_to_a_rule_based_summary(
 
 
 async def test_an_unavailable_model_is_retried_then_falls_back_on_the_last_delivery(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["summarize"] = lambda payload: UpstreamError(503)
-    await stack.start(SUMMARIZE, settings(stack, scripted_upstream, max_deliver=3))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream, max_deliver=3))
     fact = await store_fact(retrieval, "User works night shifts.", 1)
     await publish_event(publisher, changed(TENANT, fact))
 
@@ -267,15 +256,15 @@ async def test_an_unavailable_model_is_retried_then_falls_back_on_the_last_deliv
     assert summary.metadata["summarizer"] == "rule-based"
     assert "unavailable on the last delivery" in summary.metadata["fallback_reason"]
     assert len(model.calls) == 3  # one per delivery
-    await eventually(lambda: stack.settled("summarize"), what="the ack")
-    assert await stack.dead_letter_count("summarize") == 0
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the ack")
+    assert await dead_letter_count(workers.nats_url, "summarize") == 0
 
 
 async def test_a_superseded_fact_leaves_a_verbatim_summary(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["summarize"] = lambda payload: "no json here"  # rule-based throughout
-    await stack.start(SUMMARIZE, settings(stack, scripted_upstream))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream))
     loves = await store_fact(retrieval, "User loves pizza.", 1)
     await publish_event(publisher, changed(TENANT, loves))
     await summary_at(retrieval, 1)
@@ -294,10 +283,10 @@ async def test_a_superseded_fact_leaves_a_verbatim_summary(
     await retrieval.client.delete(pb.DeleteRequest(tenant=TENANT, ids=[hates.id]))
     await publish_event(publisher, changed(TENANT, hates, op="deleted"))
     await eventually(lambda: _is_none(get_summary(retrieval)), what="the summary deleted")
-    await eventually(lambda: stack.settled("summarize"), what="the acks")
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the acks")
     ops = [
         (e.op, e.memory.text)
-        for e in await stack.events(MemoryChanged)
+        for e in await published(workers.nats_url, MemoryChanged)
         if e.memory.kind == "summary"
     ]
     assert ops == [
@@ -313,9 +302,9 @@ async def _is_none(awaitable: Any) -> bool:
 
 
 async def test_without_a_configured_model_the_chat_model_of_the_source_turn_is_used(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
-    await stack.start(SUMMARIZE, settings(stack, scripted_upstream, llm_model=""))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream, llm_model=""))
     turn = pb.Memory(
         id=str(uuid.uuid4()),
         user_id="u1",

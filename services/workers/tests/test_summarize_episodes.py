@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +14,15 @@ from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged
 from engram_core.proto import from_timestamp, pb, to_timestamp
 from engram_testing.upstream import ScriptedUpstream, UpstreamError
+from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
     RealRetrieval,
     ScriptedModel,
     WorkerStack,
     changed,
-    eventually,
-    running_retrieval,
+    consumer_settled,
+    dead_letter_count,
+    published,
 )
 from engram_workers.summarize import (
     SUMMARIZE,
@@ -60,37 +60,24 @@ def episode_from_turns(payload: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
-    async with running_retrieval(tmp_path / "retrieval") as running:
-        yield running
-
-
-@pytest.fixture
-async def stack(nats_url: str, retrieval: RealRetrieval) -> AsyncIterator[WorkerStack]:
-    workers = WorkerStack(nats_url, retrieval)
-    try:
-        yield workers
-    finally:
-        await workers.stop_all()
-
-
-@pytest.fixture
 def model(scripted_upstream: ScriptedUpstream) -> ScriptedModel:
     scripted = ScriptedModel(episode=episode_from_turns)
     scripted_upstream.replies = [scripted]
     return scripted
 
 
-async def start_summarize(stack: WorkerStack, upstream: ScriptedUpstream, **overrides: Any) -> None:
+async def start_summarize(
+    workers: WorkerStack, upstream: ScriptedUpstream, **overrides: Any
+) -> None:
     values = {
-        **stack.common(),
+        **workers.common(),
         "llm_base_url": upstream.base_url,
         "llm_model": "scripted",
         "llm_timeout_s": 5.0,
         "lock_wait_s": 10.0,
         **overrides,
     }
-    await stack.start(SUMMARIZE, SummarizeSettings(**values))
+    await workers.start(SUMMARIZE, SummarizeSettings(**values))
 
 
 async def add_turns(
@@ -142,12 +129,14 @@ async def turn_count(retrieval: RealRetrieval) -> int:
 
 
 async def test_twenty_five_turns_make_one_episode_of_turns_1_to_20(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
-    await start_summarize(stack, scripted_upstream)
+    await start_summarize(workers, scripted_upstream)
     turns = await add_turns(retrieval, publisher, range(1, 26))
     [episode] = await eventually(lambda: episodes(retrieval), what="the episode")
-    await eventually(lambda: stack.settled("summarize"), what="every turn handled")
+    await eventually(
+        lambda: consumer_settled(workers.nats_url, "summarize"), what="every turn handled"
+    )
 
     assert len(await episodes(retrieval)) == 1  # 25 events, one episode
     assert (episode.turn_range.first_turn, episode.turn_range.last_turn) == (1, 20)
@@ -184,16 +173,18 @@ async def test_twenty_five_turns_make_one_episode_of_turns_1_to_20(
     assert ranked.outcome == pb.SEARCH_OUTCOME_RANKED
     assert episode.id in [hit.memory.id for hit in ranked.hits]
 
-    announced = [e for e in await stack.events(MemoryChanged) if e.memory.kind == "episode"]
+    announced = [
+        e for e in await published(workers.nats_url, MemoryChanged) if e.memory.kind == "episode"
+    ]
     assert [(e.op, e.cause, e.memory.id, e.memory.turn_range) for e in announced] == [
         ("created", "summarize:episode", episode.id, (1, 20))
     ]
 
 
 async def test_numbering_counts_covered_turns_so_it_survives_their_eviction(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
-    await start_summarize(stack, scripted_upstream)
+    await start_summarize(workers, scripted_upstream)
     first_turns = await add_turns(retrieval, publisher, range(1, 22))
     await eventually(lambda: episodes(retrieval), what="the first episode")
     # evict turns 1-20 (what the evict worker does first: the oldest raw turns)
@@ -210,18 +201,22 @@ async def test_numbering_counts_covered_turns_so_it_survives_their_eviction(
     assert (second.turn_range.first_turn, second.turn_range.last_turn) == (21, 40)
     assert list(second.source_turn_ids) == [first_turns[20].id] + [t.id for t in later[:19]]
     assert [t["n"] for t in model.inputs("episode")[1]["turns"]] == list(range(21, 41))
-    await eventually(lambda: stack.settled("summarize"), what="every turn handled")
+    await eventually(
+        lambda: consumer_settled(workers.nats_url, "summarize"), what="every turn handled"
+    )
     assert len(await episodes(retrieval)) == 2
 
 
 async def test_model_junk_gives_a_rule_based_episode_marked_as_such(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["episode"] = lambda payload: "Here is a lovely summary of the turns!"
-    await start_summarize(stack, scripted_upstream)
+    await start_summarize(workers, scripted_upstream)
     await add_turns(retrieval, publisher, range(1, 26))
     [episode] = await eventually(lambda: episodes(retrieval), what="the episode")
-    await eventually(lambda: stack.settled("summarize"), what="every turn handled")
+    await eventually(
+        lambda: consumer_settled(workers.nats_url, "summarize"), what="every turn handled"
+    )
 
     assert (episode.turn_range.first_turn, episode.turn_range.last_turn) == (1, 20)
     assert len(episode.source_turn_ids) == 20
@@ -239,32 +234,36 @@ async def test_model_junk_gives_a_rule_based_episode_marked_as_such(
 
 
 async def test_an_unavailable_model_is_retried_then_the_episode_falls_back(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["episode"] = lambda payload: UpstreamError(500)
-    await start_summarize(stack, scripted_upstream, max_deliver=3)
+    await start_summarize(workers, scripted_upstream, max_deliver=3)
     turns = await add_turns(retrieval, publisher, range(1, 22), announce=False)
     await publish_event(publisher, changed(TENANT, turns[-1]))  # one trigger: countable calls
 
     [episode] = await eventually(lambda: episodes(retrieval), what="the episode")
-    await eventually(lambda: stack.settled("summarize"), what="the ack")
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the ack")
     assert len(model.inputs("episode")) == 3  # one per delivery, the last falls back
     assert episode.metadata["summarizer"] == "rule-based"
     assert "unavailable on the last delivery" in episode.metadata["fallback_reason"]
     assert episode.text.startswith("Turns 1-20 (rule-based summary")
-    assert await stack.dead_letter_count("summarize") == 0
+    assert await dead_letter_count(workers.nats_url, "summarize") == 0
     assert await turn_count(retrieval) == 21
 
 
 async def test_a_window_waits_for_a_later_turn(
-    stack, retrieval, scripted_upstream, model, publisher
+    workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
-    await start_summarize(stack, scripted_upstream, episode_turns=4)
+    await start_summarize(workers, scripted_upstream, episode_turns=4)
     await add_turns(retrieval, publisher, range(1, 5))
-    await eventually(lambda: stack.settled("summarize"), what="four turns handled")
+    await eventually(
+        lambda: consumer_settled(workers.nats_url, "summarize"), what="four turns handled"
+    )
     assert await episodes(retrieval) == []  # turn 4's answer may still be on its way
     await add_turns(retrieval, publisher, range(5, 10))
-    await eventually(lambda: stack.settled("summarize"), what="five more handled")
+    await eventually(
+        lambda: consumer_settled(workers.nats_url, "summarize"), what="five more handled"
+    )
     assert [
         (e.turn_range.first_turn, e.turn_range.last_turn) for e in await episodes(retrieval)
     ] == [
