@@ -19,7 +19,8 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,35 +36,50 @@ from engram_core.events import MemoryChanged
 STAGES = ("indexed", "fact")
 
 
-async def bench_write_path(
-    turns: int, conversations: int, rate: float, llm_url: str | None, timeout_s: float
-) -> dict[str, Any]:
+@asynccontextmanager
+async def bench_stack(
+    llm_url: str | None, workers: tuple[str, ...] = WORKERS
+) -> AsyncIterator[StackSettings]:
+    """The stack as ``engram up`` runs it, on a fresh data dir and free ports.
+
+    Without ``llm_url`` the built-in scripted LLM answers, so numbers measure Engram.
+    """
     upstream = None
     if llm_url is None:
         upstream = ScriptedUpstream(replies=[RuleBasedBrain()]).start()
         llm_url = upstream.base_url
-    with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
-        settings = StackSettings(
-            data_dir=Path(tmp),
-            nats_url=f"nats://127.0.0.1:{free_port()}",
-            gateway_port=free_port(),
-            retrieval_listen=f"127.0.0.1:{free_port()}",
-            health_port_base=free_port_block(len(WORKERS)),
-        )
-        stack = Stack(
-            settings,
-            echo=lambda _: None,
-            relay_logs=False,
-            extra_env={"ENGRAM_LLM_BASE_URL": llm_url, "ENGRAM_LOG_LEVEL": "warning"},
-        )
-        sys.stderr.write("starting the stack...\n")
-        await asyncio.to_thread(stack.start)
-        try:
-            return await _drive(settings, turns, conversations, rate, timeout_s)
-        finally:
-            await asyncio.to_thread(stack.stop)
-            if upstream is not None:
-                upstream.stop()
+    try:
+        with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
+            settings = StackSettings(
+                data_dir=Path(tmp),
+                nats_url=f"nats://127.0.0.1:{free_port()}",
+                gateway_port=free_port(),
+                retrieval_listen=f"127.0.0.1:{free_port()}",
+                health_port_base=free_port_block(len(WORKERS)),
+            )
+            stack = Stack(
+                settings,
+                echo=lambda _: None,
+                relay_logs=False,
+                extra_env={"ENGRAM_LLM_BASE_URL": llm_url, "ENGRAM_LOG_LEVEL": "warning"},
+                workers=workers,
+            )
+            sys.stderr.write(f"starting the stack (workers: {', '.join(workers)})...\n")
+            try:
+                await asyncio.to_thread(stack.start)
+                yield settings
+            finally:
+                await asyncio.to_thread(stack.stop)
+    finally:
+        if upstream is not None:
+            upstream.stop()
+
+
+async def bench_write_path(
+    turns: int, conversations: int, rate: float, llm_url: str | None, timeout_s: float
+) -> dict[str, Any]:
+    async with bench_stack(llm_url) as settings:
+        return await _drive(settings, turns, conversations, rate, timeout_s)
 
 
 async def _drive(

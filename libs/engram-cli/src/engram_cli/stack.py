@@ -99,9 +99,14 @@ class Stack:
         echo: Callable[[str], None] = print,
         relay_logs: bool = True,
         extra_env: dict[str, str] | None = None,
+        workers: tuple[str, ...] = WORKERS,
     ) -> None:
+        unknown = set(workers) - set(WORKERS)
+        if unknown:
+            raise ValueError(f"unknown workers: {sorted(unknown)}")
         self.settings = settings
         self.extra_env = extra_env or {}
+        self.workers = workers
         self.echo = echo
         self.relay_logs = relay_logs
         self.data_dir = settings.data_dir.resolve()
@@ -166,6 +171,7 @@ class Stack:
                     is_ready=_http_ok(f"http://127.0.0.1:{port}/readyz"),
                 )
                 for worker, port in self.worker_health_ports().items()
+                if worker in self.workers
             ),
         ]
 

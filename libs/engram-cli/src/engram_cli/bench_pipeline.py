@@ -1,0 +1,213 @@
+"""``engram bench pipeline``: turn → searchable lag and sustained throughput.
+
+Starts the stack (gateway, retrieval, NATS and the workers, by default all of them)
+against the scripted LLM, sends chats through the gateway at a fixed rate —
+concurrently, on a fixed schedule, so a slow reply does not slow the sender — and
+records when ingest announces each user turn (``memory.changed``, published after
+the turn's ``Upsert`` returned). For a sample of turns it then runs a real
+``Search`` for the turn to prove it is searchable at that moment. Lag counts from
+just before the chat is sent (the gateway publishes the turn before forwarding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+import numpy as np
+
+from engram_cli.bench import percentiles, progress
+from engram_cli.bench_writepath import bench_stack
+from engram_cli.stack import WORKERS, StackSettings
+from engram_core.events import MemoryChanged
+from engram_core.proto import pb
+from engram_core.retrieval_client import RetrievalClient
+
+TOKEN_PREFIX = "ppb"
+VERIFY_EVERY = 10
+
+
+async def bench_pipeline(
+    turns: int, rate: float, conversations: int, workers: tuple[str, ...], timeout_s: float
+) -> dict[str, Any]:
+    async with bench_stack(None, workers) as settings:
+        return await _drive(settings, turns, rate, conversations, timeout_s)
+
+
+async def _drive(
+    settings: StackSettings, turns: int, rate: float, conversations: int, timeout_s: float
+) -> dict[str, Any]:
+    sent: dict[str, float] = {}
+    indexed: dict[str, float] = {}
+    verified: dict[str, bool] = {}
+    retrieval = RetrievalClient(settings.retrieval_listen)
+    checks: list[asyncio.Task[None]] = []
+
+    async def verify(token: str, conversation: str) -> None:
+        reply = await retrieval.search(
+            pb.SearchRequest(
+                tenant="default",
+                query=f"I own a {token}.",
+                conversation_id=conversation,
+                top_k=5,
+                score_threshold=0.0,
+            )
+        )
+        verified[token] = any(token in hit.memory.text for hit in reply.hits)
+
+    async def on_change(msg: Any) -> None:
+        change = MemoryChanged.model_validate_json(msg.data)
+        memory = change.memory
+        if memory.kind != "turn" or memory.role != "user":
+            return
+        token = next(
+            (w.strip(".") for w in memory.text.split() if w.startswith(TOKEN_PREFIX)), None
+        )
+        if token in sent and token not in indexed:
+            indexed[token] = time.perf_counter()
+            if int(token[len(TOKEN_PREFIX) :]) % VERIFY_EVERY == 0:
+                checks.append(asyncio.create_task(verify(token, memory.conversation_id)))
+
+    nc = await nats.connect(settings.nats_url)
+    await nc.subscribe("engram.memory.changed.v1", cb=on_change)
+    base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
+    failures = 0
+
+    async def chat(http: httpx.AsyncClient, i: int) -> None:
+        nonlocal failures
+        token = f"{TOKEN_PREFIX}{i:06d}"
+        sent[token] = time.perf_counter()
+        reply = await http.post(
+            "/chat/completions",
+            json={
+                "model": "bench",
+                "memory_id": f"pipeline-{i % conversations}",
+                "messages": [{"role": "user", "content": f"I own a {token}."}],
+            },
+        )
+        if reply.status_code != 200:
+            failures += 1
+
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
+        started = time.perf_counter()
+        in_flight: list[asyncio.Task[None]] = []
+        for i in range(turns):
+            await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
+            in_flight.append(asyncio.create_task(chat(http, i)))
+            progress("sending", i + 1, turns)
+        send_s = time.perf_counter() - started
+        await asyncio.gather(*in_flight)
+    deadline = time.monotonic() + timeout_s
+    while len(indexed) < turns and time.monotonic() < deadline:
+        progress("waiting for ingest", len(indexed), turns)
+        await asyncio.sleep(0.2)
+    await asyncio.gather(*checks)
+    await nc.close()
+    await retrieval.close()
+    lags = [(indexed[t] - sent[t]) * 1000 for t in sent if t in indexed]
+    last = max(indexed.values(), default=started)
+    return {
+        "turns": turns,
+        "target_rate_per_s": rate,
+        "achieved_send_rate_per_s": round(turns / send_s, 1),
+        "sustained_indexed_per_s": round(len(indexed) / (last - started), 1),
+        "indexed": len(indexed),
+        "failed_chats": failures,
+        "searchable_verified": f"{sum(verified.values())}/{len(verified)}",
+        "lag_ms": percentiles(lags) if lags else {},
+        "samples_ms": lags,
+        "sample_order": [indexed[t] - started for t in sent if t in indexed],
+    }
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.hist(result["samples_ms"], bins=40)
+    left.set_xlabel("turn → searchable lag (ms)")
+    left.set_ylabel("turns")
+    right.plot(result["sample_order"], result["samples_ms"], ".", markersize=3)
+    right.set_xlabel("seconds into the run")
+    right.set_ylabel("lag (ms)")
+    fig.suptitle(f"engram bench pipeline at {result['target_rate_per_s']:g} chats/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    workers = tuple(w.strip() for w in args.workers.split(",") if w.strip())
+    if args.turns <= 0 or args.rate <= 0 or args.conversations <= 0:
+        print(
+            "engram bench pipeline: --turns, --rate, --conversations must be > 0", file=sys.stderr
+        )
+        return 2
+    if "ingest" not in workers or set(workers) - set(WORKERS):
+        print(
+            f"engram bench pipeline: --workers must include ingest, from {', '.join(WORKERS)}",
+            file=sys.stderr,
+        )
+        return 2
+    result = asyncio.run(
+        bench_pipeline(args.turns, args.rate, args.conversations, workers, args.timeout)
+    )
+    lag = result["lag_ms"] or {"p50": "-", "p95": "-", "p99": "-"}
+    print(
+        f"{'rate/s':>7} {'sent/s':>7} {'indexed/s':>10} {'indexed':>8} {'lag p50':>8} "
+        f"{'p95':>8} {'p99':>8} {'verified':>9}"
+    )
+    print(
+        f"{result['target_rate_per_s']:>7g} {result['achieved_send_rate_per_s']:>7} "
+        f"{result['sustained_indexed_per_s']:>10} {result['indexed']:>8} {lag['p50']:>8} "
+        f"{lag['p95']:>8} {lag['p99']:>8} {result['searchable_verified']:>9}"
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {k: v for k, v in result.items() if k not in ("samples_ms", "sample_order")}
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "benchmark": "pipeline",
+                "workers": list(workers),
+                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+                **summary,
+                "lag_mean_ms": round(float(np.mean(result["samples_ms"])), 2)
+                if result["samples_ms"]
+                else None,
+            },
+            indent=2,
+        )
+    )
+    _plot(result, out / "pipeline.png")
+    print(f"saved {out / 'results.json'} and {out / 'pipeline.png'}")
+    return 0 if result["indexed"] == args.turns else 1
+
+
+def add_pipeline_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+    bench = kinds.add_parser("pipeline", help="gateway → JetStream → ingest: lag and throughput")
+    bench.add_argument("--turns", type=int, default=1000, help="chats to send")
+    bench.add_argument("--rate", type=float, default=50.0, help="chats per second")
+    bench.add_argument("--conversations", type=int, default=20, help="spread over this many")
+    bench.add_argument(
+        "--workers",
+        default=",".join(WORKERS),
+        help="workers to run (comma-separated; ingest is required)",
+    )
+    bench.add_argument("--timeout", type=float, default=120.0, help="wait for stragglers (s)")
+    bench.add_argument("--out", default="bench-results/pipeline", help="output directory")
+    bench.set_defaults(func=handler, run=_cmd_pipeline)
