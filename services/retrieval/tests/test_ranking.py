@@ -12,6 +12,7 @@ from engram_retrieval.ranking import (
     Candidate,
     Outcome,
     RankingParams,
+    lexical_relevance,
     merge_pools,
     mmr_select,
     pools_complete,
@@ -148,3 +149,9 @@ def test_nothing_relevant_and_empty() -> None:
 def test_rank_rejects_mismatched_relevance() -> None:
     with pytest.raises(ValueError):
         rank([cand("a", [1, 0])], [0.5, 0.5], RankingParams(), NOW, complete=True)
+
+
+def test_lexical_relevance_is_bm25_over_the_best() -> None:
+    assert lexical_relevance([4.0, None, 1.0, 2.0]).tolist() == [1.0, 0.0, 0.25, 0.5]
+    assert lexical_relevance([None, None]).tolist() == [0.0, 0.0]
+    assert lexical_relevance([]).tolist() == []

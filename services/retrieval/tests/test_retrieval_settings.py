@@ -26,6 +26,13 @@ def test_defaults() -> None:
     assert (s.search_mmr_lambda, s.recency_half_life_days) == (0.7, 30.0)
     assert (s.small_store_size, s.candidate_multiplier, s.embed_max_length) == (5, 3, 256)
     assert s.edge_store_path == Path(".engram") / "qdrant" / "engram_memories"
+    assert s.search_candidates == "hybrid"
+
+
+@pytest.mark.parametrize("value", ["hybrid", "dense", "lexical", " Dense "])
+def test_search_candidates(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("ENGRAM_SEARCH_CANDIDATES", value)
+    assert load_settings(RetrievalSettings).search_candidates == value.strip().lower()
 
 
 def test_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -63,6 +70,7 @@ def test_blank_optional_values_mean_unset(monkeypatch: pytest.MonkeyPatch) -> No
         ("ENGRAM_RETRIEVAL_LISTEN", "nowhere", "must be host:port"),
         ("ENGRAM_QDRANT_URL", "qdrant:6333", "http(s)://"),
         ("ENGRAM_EMBED_MAX_LENGTH", "4096", "less than or equal to 512"),
+        ("ENGRAM_SEARCH_CANDIDATES", "sparse", "'hybrid', 'dense' or 'lexical'"),
     ],
 )
 def test_bad_values_fail_fast_naming_the_variable(

@@ -470,7 +470,7 @@ async def test_cross_encoder_from_settings_without_lexical(
         data_dir=tmp_path / "rerank",
         retrieval_listen="127.0.0.1:0",
         reranker_path=tiny_reranker.path,
-        search_lexical=False,
+        search_candidates="dense",
     )
     running = await build_server(settings, embedder=embedder, clock=lambda: FIXED_NOW)
     client = RetrievalClient(running.address)
@@ -496,6 +496,59 @@ async def test_cross_encoder_from_settings_without_lexical(
             assert not hit.scores.HasField("sparse")
         relevances = [h.scores.relevance for h in result.hits]  # λ = 1, equal recency
         assert relevances == sorted(relevances, reverse=True)
+    finally:
+        await client.close()
+        await running.stop(grace_s=0)
+
+
+@pytest.mark.parametrize("sources", ["dense", "lexical"])
+async def test_search_candidate_sources_from_settings(
+    tmp_path: Path,
+    embedder: Embedder,
+    tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
+    sources: str,
+) -> None:
+    settings = RetrievalSettings(
+        data_dir=tmp_path / sources, retrieval_listen="127.0.0.1:0", search_candidates=sources
+    )
+    running = await build_server(
+        settings,
+        embedder=embedder,
+        tracer=tracer_provider.get_tracer("test"),
+        clock=lambda: FIXED_NOW,
+    )
+    client = RetrievalClient(running.address)
+    try:
+        await store_facts(client)
+        span_exporter.clear()
+        result = await client.search(
+            pb.SearchRequest(
+                tenant="acme",
+                query="Which car does the user drive? A Toyota?",
+                conversation_id="c1",
+                top_k=len(FACTS),
+                score_threshold=0,
+                recency_weight=0,
+                mmr_lambda=1,
+            )
+        )
+        texts = [h.memory.text for h in result.hits]
+        assert texts[0] == "The user drives a blue Toyota Corolla."
+        spans = {s.name: s for s in span_exporter.get_finished_spans()}
+        assert spans["candidates"].attributes["engram.candidate_sources"] == sources
+        if sources == "dense":  # every memory is a dense neighbour; no BM25 scores
+            assert len(texts) == len(FACTS)
+            assert not any(h.scores.HasField("sparse") for h in result.hits)
+            assert spans["rerank"].attributes["engram.scorer"] == "calibrated-similarity"
+        else:  # only BM25 matches, ranked by BM25 relative to the best
+            assert len(texts) < len(FACTS)
+            sparse = [h.scores.sparse for h in result.hits]
+            assert all(s > 0 for s in sparse) and sparse == sorted(sparse, reverse=True)
+            assert result.hits[0].scores.relevance == pytest.approx(1.0)
+            for hit in result.hits:
+                assert hit.scores.relevance == pytest.approx(hit.scores.sparse / sparse[0])
+            assert spans["rerank"].attributes["engram.scorer"] == "bm25-relative"
     finally:
         await client.close()
         await running.stop(grace_s=0)

@@ -155,6 +155,25 @@ async def test_hybrid_search_adds_lexical_candidates(store: MemoryStore) -> None
     assert both[1].sparse_score is not None and both[0].sparse_score is None
 
 
+async def test_lexical_only_search(store: MemoryStore) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, vector=[1, 0, 0, 0], text="apples and pears"),
+            point(2, vector=[0, 1, 0, 0], text="a zebra crossing"),
+            point(3, vector=[0.6, 0.8, 0, 0], text="two zebras, one zebra"),
+        ],
+    )
+    query = np.array([1, 0, 0, 0], dtype=np.float32)
+    flt = PointFilter(tenant="a")
+    (found,) = await store.search(query, [flt], limit=5, sparse=LEXICAL.query("zebra"), dense=False)
+    assert {p.id for p in found} == {pid(2), pid(3)}  # no dense neighbour (pid 1)
+    assert all(p.sparse_score is not None and p.sparse_score > 0 for p in found)
+    cosines = {p.id: p.score for p in found}
+    assert cosines[pid(3)] == pytest.approx(0.6, abs=1e-6)  # computed from the vector
+    assert await store.search(query, [flt, flt], limit=5, dense=False) == [[], []]
+
+
 async def test_payload_filters(store: MemoryStore) -> None:
     await store.upsert(
         "a",

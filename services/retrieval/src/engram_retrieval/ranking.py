@@ -89,6 +89,17 @@ def sigmoid(x: np.ndarray | float) -> np.ndarray:
     return out
 
 
+def lexical_relevance(sparse: Sequence[float | None]) -> np.ndarray:
+    """Relevance from BM25 alone: each score over the best one (missing counts as 0).
+
+    BM25 has no fixed scale, so there is no calibrated map as for cosines; relative to
+    the query's best candidate is the honest 0-1 reading (the best match is 1.0).
+    """
+    scores = np.array([0.0 if s is None else max(0.0, s) for s in sparse], dtype=np.float64)
+    best = float(scores.max()) if scores.size else 0.0
+    return scores / best if best > 0.0 else np.zeros_like(scores)
+
+
 def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:
     """Concatenate scope pools, keeping the first occurrence of each id."""
     seen: set[str] = set()

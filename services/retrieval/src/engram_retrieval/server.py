@@ -115,7 +115,7 @@ async def build_server(
             embedder,
             scorer,
             ranking_defaults(settings),
-            lexical_search=settings.search_lexical,
+            candidates=settings.search_candidates,
             tracer=tracer,
             clock=clock,
         )

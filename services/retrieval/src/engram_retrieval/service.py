@@ -40,6 +40,7 @@ from engram_retrieval.ranking import (
     Candidate,
     Outcome,
     RankingParams,
+    lexical_relevance,
     merge_pools,
     pools_complete,
     rank,
@@ -64,6 +65,8 @@ MAX_PAGE_SIZE = 500
 MAX_UPSERT_BATCH = 2048
 MAX_IDS = 1000
 MAX_PROFILE_ENTRIES = 200
+# hybrid: dense + BM25 candidates; dense / lexical: one source (ablations, benchmarks).
+CANDIDATE_SOURCES = ("hybrid", "dense", "lexical")
 
 _OUTCOMES = {
     Outcome.RANKED: pb.SEARCH_OUTCOME_RANKED,
@@ -179,7 +182,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         scorer: RelevanceScorer,
         defaults: RankingParams,
         *,
-        lexical_search: bool = True,
+        candidates: str = "hybrid",
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
@@ -187,9 +190,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.embedder = embedder
         self.scorer = scorer
         self.defaults = defaults
-        # Documents always get BM25 vectors, so lexical search can be switched on later.
+        if candidates not in CANDIDATE_SOURCES:
+            raise ValueError(f"candidates must be one of {CANDIDATE_SOURCES} (got {candidates!r})")
+        # Documents always get BM25 vectors, so the candidate sources can change later.
         self.lexical = LexicalEncoder()
-        self.lexical_search = lexical_search
+        self.candidates = candidates
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
         self.clock = clock or (lambda: datetime.now(UTC))
 
@@ -274,14 +279,20 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             with self.tracer.start_as_current_span("embed", attributes=base_attrs) as span:
                 t = time.perf_counter()
                 query_vector = await asyncio.to_thread(self.embedder.embed_one, request.query)
-                sparse_query = self.lexical.query(request.query) if self.lexical_search else None
+                sparse_query = (
+                    self.lexical.query(request.query) if self.candidates != "dense" else None
+                )
                 timings.embed_ms = _ms(t)
                 span.set_attribute("engram.embedding_model", self.embedder.model_id)
 
             with self.tracer.start_as_current_span("candidates", attributes=base_attrs) as span:
                 t = time.perf_counter()
                 pools_raw = await self.store.search(
-                    query_vector, [s.flt for s in scopes], params.pool_size, sparse=sparse_query
+                    query_vector,
+                    [s.flt for s in scopes],
+                    params.pool_size,
+                    sparse=sparse_query,
+                    dense=self.candidates != "lexical",
                 )
                 pools = [
                     [_candidate(p, scope.name) for p in pool]
@@ -292,6 +303,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 span.set_attribute("engram.scopes", [s.name for s in scopes])
                 span.set_attribute("engram.pool_size", params.pool_size)
                 span.set_attribute("engram.lexical", bool(sparse_query))
+                span.set_attribute("engram.candidate_sources", self.candidates)
                 span.set_attribute("engram.candidates", len(candidates))
         finally:
             summary, profile = await attached
@@ -299,12 +311,16 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         with self.tracer.start_as_current_span("rerank", attributes=base_attrs) as span:
             t = time.perf_counter()
             relevance = np.zeros(0)
-            if candidates:
+            scorer_name = self.scorer.name
+            if candidates and self.candidates == "lexical":
+                relevance = lexical_relevance([c.sparse for c in candidates])
+                scorer_name = "bm25-relative"
+            elif candidates:
                 dense = np.array([c.dense for c in candidates], dtype=np.float64)
                 texts = [c.text for c in candidates]
                 relevance = await asyncio.to_thread(self.scorer.score, request.query, texts, dense)
             timings.rerank_ms = _ms(t)
-            span.set_attribute("engram.scorer", self.scorer.name)
+            span.set_attribute("engram.scorer", scorer_name)
             span.set_attribute("engram.candidates", len(candidates))
 
         with self.tracer.start_as_current_span("mmr", attributes=base_attrs) as span:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
@@ -50,8 +51,11 @@ class RetrievalSettings(EngramSettings):
         default=5, ge=0, le=100, description="At most this many memories in scope: return all."
     )
     candidate_multiplier: int = Field(default=3, ge=1, le=50)
-    search_lexical: bool = Field(
-        default=True, description="Add BM25 candidates to the dense ones (hybrid search)."
+    search_candidates: Literal["hybrid", "dense", "lexical"] = Field(
+        default="hybrid",
+        description="Candidate sources per scope: hybrid (dense + BM25), dense only, or "
+        "lexical only (BM25; relevance is then the BM25 score relative to the best "
+        "candidate — an ablation for benchmarks, not a production setting).",
     )
 
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
@@ -60,6 +64,11 @@ class RetrievalSettings(EngramSettings):
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip() == "" else value
+
+    @field_validator("search_candidates", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("retrieval_listen")
     @classmethod

@@ -131,12 +131,14 @@ class MemoryStore(Protocol):
         limit: int,
         *,
         sparse: SparseVec | None = None,
+        dense: bool = True,
     ) -> list[list[StoredPoint]]:
         """Candidates per filter, with payload and dense vector, run as one batch.
 
-        Each list holds the ``limit`` dense nearest neighbours (``score`` = cosine) and,
-        when ``sparse`` has terms, the ``limit`` best BM25 matches as well
-        (``sparse_score``), merged by :func:`merge_hybrid`.
+        Each list holds the ``limit`` dense nearest neighbours (``score`` = cosine;
+        skipped when ``dense`` is false) and, when ``sparse`` has terms, the ``limit``
+        best BM25 matches as well (``sparse_score``), merged by :func:`merge_hybrid`.
+        ``vector`` is needed either way: it gives lexical-only matches their cosine.
         """
         ...
 
@@ -204,6 +206,20 @@ async def newest_first_page(
 def foreign_ids(tenant: str, owners: Sequence[tuple[str, object]]) -> list[str]:
     """Ids whose stored tenant differs from ``tenant``, from (id, stored tenant) pairs."""
     return [point_id for point_id, owner in owners if owner != tenant]
+
+
+def merge_batch_rows(
+    query: np.ndarray, rows: Sequence[list[StoredPoint]], *, dense: bool, lexical: bool
+) -> list[list[StoredPoint]]:
+    """Regroup a batch's result rows, issued per filter as [dense?, lexical?], into one
+    merged candidate list per filter."""
+    step = int(dense) + int(lexical)
+    if step == 0:
+        return []
+    return [
+        merge_hybrid(query, rows[i] if dense else [], rows[i + step - 1] if lexical else [])
+        for i in range(0, len(rows), step)
+    ]
 
 
 def merge_hybrid(

@@ -53,7 +53,7 @@ from engram_retrieval.store.base import (
     StoredPoint,
     StoreError,
     foreign_ids,
-    merge_hybrid,
+    merge_batch_rows,
     newest_first_page,
     stored_point,
 )
@@ -137,10 +137,17 @@ class EdgeStore:
         limit: int,
         *,
         sparse: SparseVec | None = None,
+        dense: bool = True,
     ) -> list[list[StoredPoint]]:
         if not filters:
             return []
-        queries = [Query.Nearest(np.asarray(vector, dtype=np.float32).tolist(), using=DENSE_VECTOR)]
+        if not dense and not sparse:
+            return [[] for _ in filters]
+        queries = []
+        if dense:
+            queries.append(
+                Query.Nearest(np.asarray(vector, dtype=np.float32).tolist(), using=DENSE_VECTOR)
+            )
         if sparse:
             queries.append(Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR))
         batch = QueryBatchRequest(
@@ -158,11 +165,7 @@ class EdgeStore:
         )
         results = await self._run(self._shard.query_batch, batch)
         rows = [[stored_point(r, score=float(r.score)) for r in found] for found in results]
-        step = len(queries)
-        return [
-            merge_hybrid(vector, rows[i], rows[i + 1] if step == 2 else [])
-            for i in range(0, len(rows), step)
-        ]
+        return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse))
 
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False

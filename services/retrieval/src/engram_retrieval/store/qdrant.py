@@ -25,7 +25,7 @@ from engram_retrieval.store.base import (
     StoredPoint,
     StoreError,
     foreign_ids,
-    merge_hybrid,
+    merge_batch_rows,
     newest_first_page,
     stored_point,
 )
@@ -113,12 +113,15 @@ class QdrantStore:
         limit: int,
         *,
         sparse: SparseVec | None = None,
+        dense: bool = True,
     ) -> list[list[StoredPoint]]:
         if not filters:
             return []
-        queries: list[tuple[Any, str]] = [
-            (np.asarray(vector, dtype=np.float32).tolist(), DENSE_VECTOR)
-        ]
+        if not dense and not sparse:
+            return [[] for _ in filters]
+        queries: list[tuple[Any, str]] = []
+        if dense:
+            queries.append((np.asarray(vector, dtype=np.float32).tolist(), DENSE_VECTOR))
         if sparse:
             queries.append((_sparse(sparse), SPARSE_VECTOR))
         requests = [
@@ -135,11 +138,7 @@ class QdrantStore:
         ]
         responses = await self._client.query_batch_points(self.collection, requests)
         rows = [[stored_point(p, score=float(p.score)) for p in r.points] for r in responses]
-        step = len(queries)
-        return [
-            merge_hybrid(vector, rows[i], rows[i + 1] if step == 2 else [])
-            for i in range(0, len(rows), step)
-        ]
+        return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse))
 
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
