@@ -22,7 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from engram_cli.nats_server import free_port
+from engram_cli.bench_common import (  # noqa: F401 (re-exported: older import sites)
+    RetrievalProcess,
+    percentiles,
+    progress,
+)
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
@@ -88,55 +92,6 @@ def synthetic_texts(n: int, seed: int = 7) -> list[str]:
         f"{rng.choice(_WHEN)} (note {i})."
         for i in range(n)
     ]
-
-
-class RetrievalProcess:
-    """A real ``engram-retrieval`` child process on a free port and a fresh data dir."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.data_dir = data_dir
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def __aenter__(self) -> RetrievalClient:
-        env = {
-            **os.environ,
-            "ENGRAM_DATA_DIR": str(self.data_dir),
-            "ENGRAM_RETRIEVAL_LISTEN": self.address,
-            "ENGRAM_LOG_LEVEL": "warning",
-            "ENGRAM_LOG_FORMAT": "json",
-        }
-        script = Path(sys.executable).parent / "engram-retrieval"
-        self.log = (self.data_dir / "retrieval.log").open("ab")
-        self.process = await asyncio.create_subprocess_exec(
-            str(script), env=env, stdout=self.log, stderr=asyncio.subprocess.STDOUT
-        )
-        self.client = RetrievalClient(self.address, timeout_s=60)
-        deadline = time.monotonic() + 120
-        while not await self.client.is_serving():
-            if self.process.returncode is not None:
-                raise RuntimeError(f"engram-retrieval exited; see {self.data_dir}/retrieval.log")
-            if time.monotonic() > deadline:
-                raise RuntimeError("engram-retrieval not serving after 120s")
-            await asyncio.sleep(0.2)
-        return self.client
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.client.close()
-        if self.process is not None:
-            self.process.terminate()
-            await asyncio.wait_for(self.process.wait(), timeout=30)
-        self.log.close()
-
-
-def progress(label: str, done: int, total: int) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r{label:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 async def _fill(
@@ -292,22 +247,16 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     return 0
 
 
-def percentiles(samples: list[float]) -> dict[str, float]:
-    arr = np.array(samples)
-    return {
-        p: round(float(np.percentile(arr, q)), 2)
-        for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
-    }
-
-
 def add_bench_parser(commands: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
     from engram_cli.bench_pipeline import add_pipeline_parser
+    from engram_cli.bench_scale import add_scale_parser
     from engram_cli.bench_writepath import add_write_path_parser
 
     bench = commands.add_parser("bench", help="benchmarks (tables, JSON, plots)")
     kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     add_write_path_parser(kinds, handler)
     add_pipeline_parser(kinds, handler)
+    add_scale_parser(kinds, handler)
     latency = kinds.add_parser("latency", help="Search latency at growing store sizes")
     latency.add_argument("--sizes", default="1000,10000", help="store sizes (comma-separated)")
     latency.add_argument("--queries", type=int, default=200, help="searches per size")

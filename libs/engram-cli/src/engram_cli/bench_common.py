@@ -1,0 +1,92 @@
+"""Pieces every ``engram bench`` shares: a real retrieval process, a progress bar,
+percentiles, and the memory of a process as the kernel reports it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engram_cli.nats_server import free_port
+from engram_core.retrieval_client import RetrievalClient
+
+
+class RetrievalProcess:
+    """A real ``engram-retrieval`` child process on a free port and a fresh data dir;
+    ``extra_env`` adds or overrides ``ENGRAM_*`` settings for it."""
+
+    def __init__(self, data_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.data_dir = data_dir
+        self.extra_env = extra_env or {}
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("engram-retrieval is not running")
+        return self.process.pid
+
+    async def __aenter__(self) -> RetrievalClient:
+        env = {
+            **os.environ,
+            **self.extra_env,
+            "ENGRAM_DATA_DIR": str(self.data_dir),
+            "ENGRAM_RETRIEVAL_LISTEN": self.address,
+            "ENGRAM_LOG_LEVEL": "warning",
+            "ENGRAM_LOG_FORMAT": "json",
+        }
+        script = Path(sys.executable).parent / "engram-retrieval"
+        self.log = (self.data_dir / "retrieval.log").open("ab")
+        self.process = await asyncio.create_subprocess_exec(
+            str(script), env=env, stdout=self.log, stderr=asyncio.subprocess.STDOUT
+        )
+        self.client = RetrievalClient(self.address, timeout_s=60)
+        deadline = time.monotonic() + 120
+        while not await self.client.is_serving():
+            if self.process.returncode is not None:
+                raise RuntimeError(f"engram-retrieval exited; see {self.data_dir}/retrieval.log")
+            if time.monotonic() > deadline:
+                raise RuntimeError("engram-retrieval not serving after 120s")
+            await asyncio.sleep(0.2)
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+        if self.process is not None:
+            self.process.terminate()
+            await asyncio.wait_for(self.process.wait(), timeout=30)
+        self.log.close()
+
+
+def progress(label: str, done: int, total: int) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r{label:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    arr = np.array(samples)
+    return {
+        p: round(float(np.percentile(arr, q)), 2)
+        for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
+    }
+
+
+def process_memory_mb(pid: int) -> dict[str, float]:
+    """Resident memory of a process now (``VmRSS``) and at its peak (``VmHWM``), in MiB."""
+    wanted = {"VmRSS": "rss_mb", "VmHWM": "peak_rss_mb"}
+    found: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in wanted:
+            found[wanted[name]] = round(int(value.split()[0]) / 1024, 1)  # kB
+    return found

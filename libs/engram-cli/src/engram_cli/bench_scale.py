@@ -1,0 +1,314 @@
+"""``engram bench scale``: Search latency, Upsert throughput and memory at growing sizes.
+
+Each engine gets its own real ``engram-retrieval`` process on a fresh data dir. The
+store grows size by size with synthetic memories (:mod:`engram_cli.scale_corpus`:
+20 tenants x 50 conversations) sent through gRPC ``Upsert`` in per-tenant batches;
+after each size the bench measures ``Search`` at the client with a tenant +
+conversation filter (conversation scope) and with the default scopes (conversation,
+user, global), and reads the process's resident memory from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engram_cli.bench_common import RetrievalProcess, percentiles, process_memory_mb, progress
+from engram_cli.scale_corpus import Layout, SyntheticMemory, memories, queries
+from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
+from engram_core.retrieval_client import RetrievalClient
+
+# The environment of each engine's retrieval process ({data} = its data dir).
+ENGINES: dict[str, dict[str, str]] = {
+    "edge": {"ENGRAM_QDRANT_URL": "", "ENGRAM_QDRANT_PATH": ""},
+    "qdrant-local": {"ENGRAM_QDRANT_URL": "", "ENGRAM_QDRANT_PATH": "{data}/qdrant-local"},
+}
+DEFAULT_ENGINE = "edge"
+# qdrant-client's local mode is a pure-Python brute-force store: a contrast, not a
+# contender, so it only runs up to this size unless told otherwise.
+LOCAL_MODE_MAX = 10_000
+WARM_UP = 10
+STAGES = ("embed_ms", "candidates_ms", "rerank_ms", "mmr_ms")
+
+
+def to_proto(m: SyntheticMemory) -> pb.Memory:
+    return pb.Memory(
+        kind=KIND_BY_NAME[m.kind],
+        role=m.role,
+        text=m.text,
+        user_id=m.user_id,
+        conversation_id=m.conversation_id,
+        source_id=m.source_id,
+        created_at=to_timestamp(m.created_at),
+    )
+
+
+async def store_memories(
+    client: RetrievalClient,
+    items: Sequence[SyntheticMemory],
+    batch: int,
+    on_progress: Callable[[int], None],
+) -> None:
+    """Upsert ``items`` in per-tenant batches of up to ``batch`` (an Upsert names one
+    tenant), taking the tenants in turn, as concurrent users' writes would arrive."""
+    by_tenant: dict[str, list[SyntheticMemory]] = {}
+    for m in items:
+        by_tenant.setdefault(m.tenant, []).append(m)
+    chunks = [
+        [(tenant, group[i : i + batch]) for i in range(0, len(group), batch)]
+        for tenant, group in by_tenant.items()
+    ]
+    done = 0
+    for turn in itertools.zip_longest(*chunks):
+        for tenant, chunk in filter(None, turn):
+            request = pb.UpsertRequest(tenant=tenant, memories=[to_proto(m) for m in chunk])
+            await client.upsert(request)
+            done += len(chunk)
+            on_progress(done)
+
+
+async def measure_search(
+    client: RetrievalClient, asks: Sequence[tuple[str, ...]], *, scoped: bool, label: str
+) -> dict[str, Any]:
+    """Client-side latency of one Search per question; ``scoped`` = conversation only."""
+    latencies: list[float] = []
+    stages: dict[str, list[float]] = {k: [] for k in STAGES}
+    outcomes: Counter[str] = Counter()
+    scopes = [pb.SCOPE_CONVERSATION] if scoped else []
+    for i, (tenant, user_id, conversation_id, question) in enumerate(asks):
+        request = pb.SearchRequest(
+            tenant=tenant,
+            query=question,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            scopes=scopes,
+        )
+        started = time.perf_counter()
+        reply = await client.search(request)
+        latencies.append((time.perf_counter() - started) * 1000)
+        for key in STAGES:
+            stages[key].append(getattr(reply.timings, key))
+        outcomes[pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_")] += 1
+        progress(label, i + 1, len(asks))
+    return {
+        "queries": len(asks),
+        "latency_ms": percentiles(latencies),
+        "mean_ms": round(float(np.mean(latencies)), 2),
+        "stage_mean_ms": {k: round(float(np.mean(v)), 2) for k, v in stages.items()},
+        "outcomes": dict(outcomes),
+    }
+
+
+async def bench_engine(
+    engine: str, sizes: Sequence[int], corpus: Sequence[SyntheticMemory], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix=f"engram-scale-{engine}-") as tmp:
+        env = {k: v.format(data=tmp) for k, v in ENGINES[engine].items()}
+        process = RetrievalProcess(Path(tmp), extra_env=env)
+        async with process as client:
+            stored = 0
+            for size in sizes:
+                added = corpus[stored:size]
+                started = time.perf_counter()
+                await store_memories(
+                    client,
+                    added,
+                    args.batch,
+                    lambda done, s=size, st=stored: progress(
+                        f"[{engine}] storing to {s}", st + done, s
+                    ),
+                )
+                upsert_s = time.perf_counter() - started
+                stored = size
+                asks = queries(list(corpus[:size]), args.queries + WARM_UP)
+                for tenant, user_id, conversation_id, question in asks[:WARM_UP]:
+                    await client.search(
+                        pb.SearchRequest(
+                            tenant=tenant,
+                            query=question,
+                            user_id=user_id,
+                            conversation_id=conversation_id,
+                        )
+                    )
+                scoped = await measure_search(
+                    client, asks[WARM_UP:], scoped=True, label=f"[{engine}] search conversation"
+                )
+                every = await measure_search(
+                    client, asks[WARM_UP:], scoped=False, label=f"[{engine}] search all scopes"
+                )
+                count = 0
+                for tenant in sorted({m.tenant for m in corpus[:size]}):
+                    count += (await client.count(pb.CountRequest(tenant=tenant))).count
+                rows[str(size)] = {
+                    "memories": int(count),
+                    "added": len(added),
+                    "upsert_s": round(upsert_s, 2),
+                    "upsert_per_s": round(len(added) / upsert_s, 1),
+                    "search_ms": scoped["latency_ms"],
+                    "search_all_scopes_ms": every["latency_ms"],
+                    "search": scoped,
+                    "search_all_scopes": every,
+                    **process_memory_mb(process.pid),
+                }
+    return rows
+
+
+def format_table(engines: dict[str, dict[str, dict[str, Any]]]) -> str:
+    header = (
+        f"{'engine':<13} {'memories':>9} {'upsert/s':>9} {'conv p50':>9} {'p95':>7} "
+        f"{'p99':>7} {'all p50':>8} {'p95':>7} {'p99':>7} {'cand ms':>8} {'RSS MB':>8} "
+        f"{'peak MB':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for engine, rows in engines.items():
+        for size, row in rows.items():
+            if "skipped" in row:
+                lines.append(f"{engine:<13} {size:>9} skipped: {row['skipped']}")
+                continue
+            s, a = row["search_ms"], row["search_all_scopes_ms"]
+            lines.append(
+                f"{engine:<13} {row['memories']:>9} {row['upsert_per_s']:>9} {s['p50']:>9} "
+                f"{s['p95']:>7} {s['p99']:>7} {a['p50']:>8} {a['p95']:>7} {a['p99']:>7} "
+                f"{row['search']['stage_mean_ms']['candidates_ms']:>8} {row['rss_mb']:>8} "
+                f"{row['peak_rss_mb']:>8}"
+            )
+    return "\n".join(lines)
+
+
+def plot(engines: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = {
+        engine: [(int(size), row) for size, row in rows.items() if "skipped" not in row]
+        for engine, rows in engines.items()
+    }
+    charts: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, float]]]] = [
+        (
+            "scale_latency.png",
+            "Search latency at the client (ms)",
+            lambda r: {
+                "conversation p50": r["search_ms"]["p50"],
+                "conversation p95": r["search_ms"]["p95"],
+                "all scopes p50": r["search_all_scopes_ms"]["p50"],
+            },
+        ),
+        ("scale_upsert.png", "Upsert throughput (memories/s)", lambda r: {"": r["upsert_per_s"]}),
+        ("scale_rss.png", "retrieval process RSS (MiB)", lambda r: {"": r["rss_mb"]}),
+    ]
+    paths = []
+    for name, ylabel, values in charts:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for engine, points in measured.items():
+            if not points:
+                continue
+            xs = [size for size, _ in points]
+            for series in values(points[0][1]):
+                ys = [values(row)[series] for _, row in points]
+                label = f"{engine} {series}".strip()
+                ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("memories in the store")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"engram bench scale: {ylabel}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        paths.append(out / name)
+    return paths
+
+
+def parse_list(raw: str) -> list[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    try:
+        sizes = sorted({int(s) for s in parse_list(args.sizes)})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] <= 0:
+        print("engram bench scale: --sizes must be positive integers", file=sys.stderr)
+        return 2
+    engines = parse_list(args.engines)
+    unknown = [e for e in engines if e not in ENGINES]
+    if not engines or unknown:
+        print(
+            f"engram bench scale: --engines must name some of {', '.join(ENGINES)}",
+            file=sys.stderr,
+        )
+        return 2
+    layout = Layout()
+    corpus = memories(sizes[-1], layout)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for engine in engines:
+        limit = args.local_max if engine == "qdrant-local" else sizes[-1]
+        run = [s for s in sizes if s <= limit]
+        rows = asyncio.run(bench_engine(engine, run, corpus, args)) if run else {}
+        for size in sizes:
+            if size > limit:
+                rows[str(size)] = {"skipped": f"above --local-max {limit}"}
+        results[engine] = rows
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(format_table(results))
+    document = {
+        "benchmark": "scale",
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "corpus": {
+            "tenants": layout.tenants,
+            "conversations_per_tenant": layout.conversations,
+            "users_per_tenant": layout.users,
+            "conversation_sizes": f"zipf s={layout.zipf_s}",
+            "upsert_batch": args.batch,
+            "queries_per_size": args.queries,
+        },
+        "sizes": results.get(DEFAULT_ENGINE, {}),
+        "engines": results,
+    }
+    (out / "results.json").write_text(json.dumps(document, indent=2))
+    paths = plot(results, out)
+    print(f"saved {out / 'results.json'} and {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def add_scale_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+    scale = kinds.add_parser(
+        "scale", help="Search latency, Upsert throughput and RSS at 1k/10k/100k memories"
+    )
+    scale.add_argument("--sizes", default="1000,10000,100000", help="store sizes (comma-separated)")
+    scale.add_argument(
+        "--engines", default="edge,qdrant-local", help=f"some of: {', '.join(ENGINES)}"
+    )
+    scale.add_argument("--queries", type=int, default=300, help="searches per size and kind")
+    scale.add_argument("--batch", type=int, default=256, help="memories per Upsert")
+    scale.add_argument(
+        "--local-max",
+        type=int,
+        default=LOCAL_MODE_MAX,
+        help="largest size run on qdrant-local (pure-Python local mode)",
+    )
+    scale.add_argument("--out", default="bench-results/scale", help="output directory")
+    scale.set_defaults(func=handler, run=_cmd_scale)
