@@ -251,12 +251,14 @@ def add_bench_parser(commands: argparse._SubParsersAction, handler: Callable) ->
     from engram_cli.bench_pipeline import add_pipeline_parser
     from engram_cli.bench_scale import add_scale_parser
     from engram_cli.bench_writepath import add_write_path_parser
+    from engram_cli.locomo.bench import add_locomo_parser
 
     bench = commands.add_parser("bench", help="benchmarks (tables, JSON, plots)")
     kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     add_write_path_parser(kinds, handler)
     add_pipeline_parser(kinds, handler)
     add_scale_parser(kinds, handler)
+    add_locomo_parser(kinds, handler)
     latency = kinds.add_parser("latency", help="Search latency at growing store sizes")
     latency.add_argument("--sizes", default="1000,10000", help="store sizes (comma-separated)")
     latency.add_argument("--queries", type=int, default=200, help="searches per size")

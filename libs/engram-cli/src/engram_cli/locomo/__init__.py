@@ -1,0 +1,1 @@
+"""``engram bench locomo``: LoCoMo-format loader, retrieval metrics and the benchmark."""

@@ -1,0 +1,516 @@
+"""``engram bench locomo``: turn-level retrieval quality on a LoCoMo-format file.
+
+Every turn of every sample goes through the retrieval service's gRPC ``Upsert`` (a real
+``engram-retrieval`` process on a temporary data dir; one tenant and conversation per
+sample, ``created_at`` = the session's date, ``source_id`` = the ``dia_id``), and every
+scored question through gRPC ``Search`` (conversation scope, ``now`` = the sample's last
+session, ``top_k`` = the largest k, ``score_threshold`` 0: the ranking is measured, not
+the cut-off). Each configuration runs its own retrieval process with its own
+environment over the same stored data; the store is filled once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engram_cli.bench_common import RetrievalProcess, percentiles, progress
+from engram_cli.locomo.dataset import (
+    CATEGORIES,
+    DEFAULT_CATEGORIES,
+    LocomoFormatError,
+    Question,
+    Sample,
+    load_samples,
+)
+from engram_cli.locomo.metrics import mean_scores, score_question, turns_of_hit
+from engram_core.proto import KIND_NAMES, pb, to_timestamp
+from engram_core.retrieval_client import RetrievalClient
+
+TUNED_ON = "locomo_dev.json"  # the only file any default may be tuned on
+DEFAULT_KS = (5, 10, 25, 50)
+UPSERT_BATCH = 256
+WARM_UP_QUERIES = 5
+# Ablations rank by relevance alone, so they compare candidate sources and scorers;
+# ``default`` keeps the service's recency weight and MMR.
+NEUTRAL_RANKING = {"recency_weight": 0.0, "mmr_lambda": 1.0}
+NO_RERANKER = {"ENGRAM_RERANKER_PATH": ""}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    description: str
+    env: dict[str, str] = field(default_factory=dict)  # for the retrieval process
+    request: dict[str, float] = field(default_factory=dict)  # SearchRequest knobs
+    needs_reranker: bool = False
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        Config(
+            "bm25",
+            "BM25 candidates ranked by BM25 (ENGRAM_SEARCH_CANDIDATES=lexical)",
+            {"ENGRAM_SEARCH_CANDIDATES": "lexical", **NO_RERANKER},
+            NEUTRAL_RANKING,
+        ),
+        Config(
+            "dense",
+            "dense candidates ranked by calibrated cosine (ENGRAM_SEARCH_CANDIDATES=dense)",
+            {"ENGRAM_SEARCH_CANDIDATES": "dense", **NO_RERANKER},
+            NEUTRAL_RANKING,
+        ),
+        Config(
+            "hybrid",
+            "dense + BM25 candidates ranked by calibrated cosine",
+            {"ENGRAM_SEARCH_CANDIDATES": "hybrid", **NO_RERANKER},
+            NEUTRAL_RANKING,
+        ),
+        Config(
+            "hybrid+rerank",
+            "dense + BM25 candidates ranked by the cross-encoder at ENGRAM_RERANKER_PATH",
+            {"ENGRAM_SEARCH_CANDIDATES": "hybrid"},
+            NEUTRAL_RANKING,
+            needs_reranker=True,
+        ),
+        Config(
+            "default",
+            "the service as configured (defaults: hybrid, recency weight 0.2, MMR λ 0.7)",
+        ),
+    )
+}
+
+
+@dataclass
+class Ingested:
+    """What the first configuration stored, reused by the others."""
+
+    turns: int = 0
+    seconds: float = 0.0
+    turn_of_point: dict[str, str] = field(default_factory=dict)  # memory id → dia_id
+
+
+def tenant_of(sample: Sample) -> str:
+    return f"locomo-{sample.sample_id}"
+
+
+def turn_memories(sample: Sample) -> list[pb.Memory]:
+    speaker_a = sample.speakers[0]
+    return [
+        pb.Memory(
+            kind=pb.MEMORY_KIND_TURN,
+            # both speakers are people; the first one plays the user
+            role="user" if turn.speaker == speaker_a else "assistant",
+            text=turn.memory_text,
+            conversation_id=sample.sample_id,
+            source_id=turn.dia_id,
+            turn_index=i,
+            created_at=to_timestamp(turn.created_at),
+            metadata={"speaker": turn.speaker, "session": str(turn.session)},
+        )
+        for i, turn in enumerate(sample.turns)
+    ]
+
+
+async def ingest(
+    client: RetrievalClient, samples: Sequence[Sample], batch: int, ingested: Ingested
+) -> None:
+    total = sum(len(s.turns) for s in samples)
+    done = 0
+    started = time.perf_counter()
+    progress("ingesting turns", 0, total)
+    for sample in samples:
+        memories = turn_memories(sample)
+        for offset in range(0, len(memories), batch):
+            chunk = memories[offset : offset + batch]
+            reply = await client.upsert(pb.UpsertRequest(tenant=tenant_of(sample), memories=chunk))
+            for result, memory in zip(reply.results, chunk, strict=True):
+                ingested.turn_of_point[result.id] = memory.source_id
+            done += len(chunk)
+            progress("ingesting turns", done, total)
+    ingested.turns = total
+    ingested.seconds = time.perf_counter() - started
+
+
+async def check_stored(client: RetrievalClient, samples: Sequence[Sample]) -> None:
+    for sample in samples:
+        reply = await client.count(
+            pb.CountRequest(
+                tenant=tenant_of(sample),
+                filter=pb.MemoryFilter(
+                    conversation_id=sample.sample_id, kinds=[pb.MEMORY_KIND_TURN]
+                ),
+            )
+        )
+        if reply.count != len(sample.turns):
+            raise RuntimeError(
+                f"{sample.sample_id}: {reply.count} turns stored, expected {len(sample.turns)}"
+            )
+
+
+def search_request(sample: Sample, question: str, top_k: int, config: Config) -> pb.SearchRequest:
+    return pb.SearchRequest(
+        tenant=tenant_of(sample),
+        query=question,
+        conversation_id=sample.sample_id,
+        top_k=top_k,
+        score_threshold=0.0,
+        scopes=[pb.SCOPE_CONVERSATION],
+        kinds=[pb.MEMORY_KIND_TURN, pb.MEMORY_KIND_FACT, pb.MEMORY_KIND_EPISODE],
+        now=to_timestamp(sample.last_session_at),
+        **config.request,  # type: ignore[arg-type]
+    )
+
+
+def ranking_of(reply: pb.SearchResponse, turn_of_point: dict[str, str]) -> list[frozenset[str]]:
+    return [
+        turns_of_hit(
+            KIND_NAMES.get(hit.memory.kind, ""),
+            hit.memory.source_id,
+            list(hit.memory.source_turn_ids),
+            turn_of_point,
+        )
+        for hit in reply.hits
+    ]
+
+
+def scored_questions(
+    samples: Sequence[Sample], categories: Sequence[int]
+) -> list[tuple[Sample, Question]]:
+    return [
+        (sample, q)
+        for sample in samples
+        for q in sample.questions
+        if q.category in categories and q.evidence and q.question.strip()
+    ]
+
+
+async def query_all(
+    client: RetrievalClient,
+    config: Config,
+    questions: Sequence[tuple[Sample, Question]],
+    ks: Sequence[int],
+    turn_of_point: dict[str, str],
+) -> tuple[list[tuple[int, dict[str, float]]], list[float]]:
+    top_k = max(ks)
+    for sample, q in questions[:WARM_UP_QUERIES]:
+        await client.search(search_request(sample, q.question, top_k, config))
+    rows: list[tuple[int, dict[str, float]]] = []
+    latencies: list[float] = []
+    label = f"searching ({config.name})"
+    for n, (sample, q) in enumerate(questions, start=1):
+        request = search_request(sample, q.question, top_k, config)
+        started = time.perf_counter()
+        reply = await client.search(request)
+        latencies.append((time.perf_counter() - started) * 1000.0)
+        rows.append((q.category, score_question(ranking_of(reply, turn_of_point), q.evidence, ks)))
+        progress(label, n, len(questions))
+    return rows, latencies
+
+
+def summarize(
+    config: Config,
+    rows: Sequence[tuple[int, dict[str, float]]],
+    latencies: Sequence[float],
+    categories: Sequence[int],
+    evidence: dict[str, int],
+    data_name: str,
+) -> dict[str, Any]:
+    by_category = {}
+    for category in categories:
+        picked = [scores for c, scores in rows if c == category]
+        if picked:
+            by_category[CATEGORIES.get(category, f"category-{category}")] = {
+                "questions": len(picked),
+                **_rounded(mean_scores(picked)),
+            }
+    return {
+        "config": config.name,
+        "description": config.description,
+        "env": config.env,
+        "request": config.request,
+        "questions": len(rows),
+        "overall": _rounded(mean_scores([scores for _, scores in rows])),
+        "by_category": by_category,
+        "latency_ms": percentiles(list(latencies)),
+        "unusable_evidence": evidence["unusable"],
+        "recovered_evidence": evidence["recovered"],
+        "questions_without_evidence": evidence["without"],
+        "data": data_name,
+        "tuned_on": TUNED_ON,
+        "latency_samples_ms": [round(x, 3) for x in latencies],
+    }
+
+
+def _rounded(scores: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in scores.items()}
+
+
+def evidence_counts(samples: Sequence[Sample], categories: Sequence[int]) -> dict[str, int]:
+    """Over the questions of the scored categories."""
+    questions = [q for s in samples for q in s.questions if q.category in categories]
+    return {
+        "unusable": sum(q.unusable for q in questions),
+        "recovered": sum(q.recovered for q in questions),
+        "without": sum(not q.evidence for q in questions),
+    }
+
+
+@dataclass
+class BenchPlan:
+    samples: list[Sample]
+    ks: tuple[int, ...]
+    categories: tuple[int, ...]
+    configs: list[Config]
+    batch: int = UPSERT_BATCH
+    data_name: str = ""
+
+
+async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
+    questions = scored_questions(plan.samples, plan.categories)
+    evidence = evidence_counts(plan.samples, plan.categories)
+    ingested = Ingested()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="engram-locomo-") as tmp:
+        for config in plan.configs:
+            sys.stderr.write(f"[{config.name}] starting engram-retrieval\n")
+            async with RetrievalProcess(Path(tmp), extra_env=config.env) as client:
+                if not ingested.turns:
+                    await ingest(client, plan.samples, plan.batch, ingested)
+                await check_stored(client, plan.samples)
+                rows, latencies = await query_all(
+                    client, config, questions, plan.ks, ingested.turn_of_point
+                )
+            results.append(
+                summarize(config, rows, latencies, plan.categories, evidence, plan.data_name)
+            )
+    return results, ingested
+
+
+# -- output ------------------------------------------------------------------------
+
+
+def _ndcg_k(ks: Sequence[int]) -> int:
+    return 10 if 10 in ks else ks[0]
+
+
+def format_table(results: Sequence[dict[str, Any]], ks: Sequence[int]) -> str:
+    nk = _ndcg_k(ks)
+    header = (
+        f"{'config':<14} {'category':<12} {'n':>4} "
+        + " ".join(f"{f'R@{k}':>6}" for k in ks)
+        + f" {f'H@{nk}':>6} {f'NDCG@{nk}':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for result in results:
+        groups = [("overall", {"questions": result["questions"], **result["overall"]})]
+        groups += list(result["by_category"].items())
+        for i, (name, scores) in enumerate(groups):
+            latency = result["latency_ms"] if i == 0 else {}
+            lines.append(
+                f"{result['config'] if i == 0 else '':<14} {name:<12} {scores['questions']:>4} "
+                + " ".join(f"{100 * scores[f'recall@{k}']:>6.1f}" for k in ks)
+                + f" {100 * scores[f'hit@{nk}']:>6.1f} {100 * scores[f'ndcg@{nk}']:>8.1f}"
+                + "".join(f" {latency.get(p, ''):>7}" for p in ("p50", "p95", "p99"))
+            )
+    return "\n".join(lines)
+
+
+_STYLES = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-")]
+
+
+def plot_recall(results: Sequence[dict[str, Any]], ks: Sequence[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = ["overall", *results[0]["by_category"]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4), sharey=True)
+    axes = list(axes) if len(panels) > 1 else [axes]
+    for ax, panel in zip(axes, panels, strict=True):
+        for n, result in enumerate(results):
+            scores = result["overall"] if panel == "overall" else result["by_category"][panel]
+            recall = [100 * scores[f"recall@{k}"] for k in ks]
+            marker, line = _STYLES[n % len(_STYLES)]
+            ax.plot(ks, recall, marker=marker, linestyle=line, label=result["config"], alpha=0.85)
+        ax.set_title(panel)
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(list(ks), [str(k) for k in ks])
+        ax.set_xlabel("k")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("Recall@k (%)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("engram bench locomo: turn-level Recall@k")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_latency(results: Sequence[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    samples = [np.asarray(r["latency_samples_ms"]) for r in results]
+    # a few stalls (another process on the same cores) would flatten the histogram
+    top = float(np.percentile(np.concatenate(samples), 99.5))
+    bins = np.linspace(0.0, top, 60)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for result, values in zip(results, samples, strict=True):
+        ax.hist(np.minimum(values, top), bins=bins, histtype="step", lw=1.5, label=result["config"])
+    ax.set_xlabel("Search latency at the client (ms; the last bin holds the slowest 0.5 %)")
+    ax.set_ylabel("queries")
+    ax.set_title("engram bench locomo")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def results_document(
+    results: Sequence[dict[str, Any]],
+    plan: BenchPlan,
+    ingested: Ingested,
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    """The top level is the ``default`` configuration's object (else the first one's);
+    ``configs`` holds every configuration's."""
+
+    def public(result: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in result.items() if k != "latency_samples_ms"}
+
+    by_name = {r["config"]: public(r) for r in results}
+    head = by_name.get("default") or public(results[0])
+    return {
+        "benchmark": "locomo",
+        **head,
+        "samples": [s.sample_id for s in plan.samples],
+        "k": list(plan.ks),
+        "categories": {str(c): CATEGORIES.get(c, f"category-{c}") for c in plan.categories},
+        "turns": ingested.turns,
+        "ingest_turns_per_s": round(ingested.turns / max(ingested.seconds, 1e-9), 1),
+        "configs": by_name,
+        "skipped_configs": skipped,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+    }
+
+
+# -- command -----------------------------------------------------------------------
+
+
+def parse_ks(value: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(sorted({int(k) for k in value.split(",") if k.strip()}))
+    except ValueError as exc:
+        raise ValueError(f"--k: integers separated by commas (got {value!r})") from exc
+    if not ks or ks[0] < 1 or ks[-1] > 100:
+        raise ValueError(f"--k: values must be within 1..100 (got {value!r})")
+    return ks
+
+
+def choose_configs(value: str, env: dict[str, str]) -> tuple[list[Config], dict[str, str]]:
+    """The named configurations in order, and the skipped ones with the reason."""
+    names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    if names == ["all"]:
+        names = list(CONFIGS)
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        raise ValueError(
+            f"--config: unknown {', '.join(unknown) or '(none)'}; choose from "
+            f"{', '.join(CONFIGS)} or all"
+        )
+    chosen, skipped = [], {}
+    for name in names:
+        config = CONFIGS[name]
+        if config.needs_reranker and not env.get("ENGRAM_RERANKER_PATH", "").strip():
+            skipped[name] = (
+                "needs a cross-encoder: set ENGRAM_RERANKER_PATH to a directory with "
+                "model.onnx and tokenizer.json"
+            )
+            continue
+        chosen.append(config)
+    return chosen, skipped
+
+
+def _cmd_locomo(args: argparse.Namespace) -> int:
+    try:
+        ks = parse_ks(args.k)
+        configs, skipped = choose_configs(args.config, dict(os.environ))
+        sample_ids = [s.strip() for s in (args.samples or "").split(",") if s.strip()]
+        samples = load_samples(Path(args.data), sample_ids)
+    except (ValueError, OSError) as exc:
+        kind = "bad data" if isinstance(exc, LocomoFormatError) else "error"
+        print(f"engram bench locomo: {kind}: {exc}", file=sys.stderr)
+        return 2
+    for name, reason in skipped.items():
+        print(f"note: {name} skipped ({reason})", file=sys.stderr)
+    if not configs:
+        print("engram bench locomo: no configuration left to run", file=sys.stderr)
+        return 2
+    if not 1 <= args.batch <= 2048:
+        print("engram bench locomo: --batch must be within 1..2048", file=sys.stderr)
+        return 2
+    categories = (*DEFAULT_CATEGORIES, 5) if args.include_adversarial else DEFAULT_CATEGORIES
+    plan = BenchPlan(
+        samples=samples,
+        ks=ks,
+        categories=categories,
+        configs=configs,
+        batch=args.batch,
+        data_name=Path(args.data).name,
+    )
+    if not scored_questions(samples, categories):
+        print("engram bench locomo: no question with usable evidence to score", file=sys.stderr)
+        return 2
+    results, ingested = asyncio.run(run_locomo(plan))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(format_table(results, ks))
+    document = results_document(results, plan, ingested, skipped)
+    print(
+        f"{document['turns']} turns ingested at {document['ingest_turns_per_s']}/s; "
+        f"evidence ids unusable: {document['unusable_evidence']}, recovered: "
+        f"{document['recovered_evidence']}; data: {plan.data_name}, tuned on: {TUNED_ON}"
+    )
+    for name, reason in skipped.items():
+        print(f"{name}: skipped ({reason})")
+    (out / "results.json").write_text(json.dumps(document, indent=2))
+    plot_recall(results, ks, out / "recall_at_k.png")
+    plot_latency(results, out / "latency.png")
+    print(f"saved {out / 'results.json'}, {out / 'recall_at_k.png'}, {out / 'latency.png'}")
+    return 0
+
+
+def add_locomo_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+    bench = kinds.add_parser("locomo", help="turn-level retrieval quality on a LoCoMo-format file")
+    bench.add_argument("--data", required=True, help="a JSON file in the LoCoMo format")
+    bench.add_argument("--samples", default="", help="sample ids to keep (default: all)")
+    bench.add_argument("--k", default=",".join(map(str, DEFAULT_KS)), help="cut-offs (1..100)")
+    bench.add_argument(
+        "--config",
+        default=",".join(CONFIGS),
+        help=f"configurations, compared side by side: {', '.join(CONFIGS)} (or all)",
+    )
+    bench.add_argument("--include-adversarial", action="store_true", help="also score category 5")
+    bench.add_argument("--batch", type=int, default=UPSERT_BATCH, help="turns per Upsert")
+    bench.add_argument("--out", default="bench-results/locomo", help="output directory")
+    bench.set_defaults(func=handler, run=_cmd_locomo)
