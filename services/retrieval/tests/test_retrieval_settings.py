@@ -92,3 +92,12 @@ def test_reranker_path_must_hold_model_and_tokenizer(
     monkeypatch.setenv("ENGRAM_RERANKER_PATH", str(tmp_path / "absent"))
     with pytest.raises(ConfigError, match="is not a directory"):
         load_settings(RetrievalSettings)
+
+
+def test_qdrant_path_selects_local_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert RetrievalSettings().store_kind == "edge"
+    monkeypatch.setenv("ENGRAM_QDRANT_PATH", ":memory:")
+    assert load_settings(RetrievalSettings).store_kind == "qdrant-local"
+    monkeypatch.setenv("ENGRAM_QDRANT_URL", "http://qdrant:6333")
+    with pytest.raises(ConfigError, match=r"ENGRAM_QDRANT_PATH: .*not both"):
+        load_settings(RetrievalSettings)

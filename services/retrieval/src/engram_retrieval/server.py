@@ -160,7 +160,7 @@ async def serve(settings: RetrievalSettings) -> None:
         log.info(
             "retrieval listening",
             address=running.address,
-            store="qdrant" if settings.qdrant_url else "edge",
+            store=settings.store_kind,
             scorer=running.servicer.scorer.name,
             embedding_model=running.servicer.embedder.model_id,
         )

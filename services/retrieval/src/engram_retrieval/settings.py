@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
 from engram_core.settings import EngramSettings
 
@@ -24,6 +24,12 @@ class RetrievalSettings(EngramSettings):
         description="Qdrant server URL. Unset: an embedded on-disk store under <data_dir>/qdrant.",
     )
     qdrant_api_key: SecretStr | None = None
+    qdrant_path: str | None = Field(
+        default=None,
+        description="qdrant-client's local mode instead of the embedded store: a directory, "
+        "or ':memory:'. Pure Python and brute force: for tests and comparisons, not for "
+        "production. Cannot be combined with qdrant_url.",
+    )
     qdrant_collection: str = Field(default="engram_memories", min_length=1, max_length=255)
 
     reranker_path: Path | None = Field(
@@ -60,7 +66,7 @@ class RetrievalSettings(EngramSettings):
 
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 
-    @field_validator("qdrant_url", "qdrant_api_key", "reranker_path", mode="before")
+    @field_validator("qdrant_url", "qdrant_api_key", "qdrant_path", "reranker_path", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip() == "" else value
@@ -87,6 +93,13 @@ class RetrievalSettings(EngramSettings):
             raise ValueError(f"must be an http(s):// URL (got {value!r})")
         return value
 
+    @field_validator("qdrant_path")
+    @classmethod
+    def _one_store(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("qdrant_url"):
+            raise ValueError("set ENGRAM_QDRANT_URL or ENGRAM_QDRANT_PATH, not both")
+        return value
+
     @field_validator("reranker_path")
     @classmethod
     def _reranker_files(cls, value: Path | None) -> Path | None:
@@ -98,6 +111,13 @@ class RetrievalSettings(EngramSettings):
         if missing:
             raise ValueError(f"{value} lacks {', '.join(missing)}")
         return value
+
+    @property
+    def store_kind(self) -> str:
+        """``qdrant`` (server), ``qdrant-local`` (qdrant-client local mode) or ``edge``."""
+        if self.qdrant_url:
+            return "qdrant"
+        return "qdrant-local" if self.qdrant_path else "edge"
 
     @property
     def edge_store_path(self) -> Path:

@@ -26,7 +26,18 @@ __all__ = [
 
 
 async def open_store(settings: RetrievalSettings, dim: int) -> MemoryStore:
-    """The Qdrant server store when ENGRAM_QDRANT_URL is set, else the embedded one."""
+    """The Qdrant server store when ENGRAM_QDRANT_URL is set, qdrant-client's local mode
+    when ENGRAM_QDRANT_PATH is, else the embedded one."""
+    if settings.qdrant_path:
+        from engram_retrieval.store.qdrant import QdrantStore
+
+        memory = settings.qdrant_path == ":memory:"
+        return await QdrantStore.open(
+            settings.qdrant_collection,
+            dim,
+            location=":memory:" if memory else None,
+            path=None if memory else settings.qdrant_path,
+        )
     if settings.qdrant_url:
         from engram_retrieval.store.qdrant import QdrantStore
 
