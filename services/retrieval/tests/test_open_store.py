@@ -53,3 +53,20 @@ async def test_qdrant_path_opens_local_mode(tmp_path: Path, location: str) -> No
         finally:
             await reopened.close()
     assert not (tmp_path / "qdrant").exists()
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+async def test_edge_optimisation_follows_the_settings(tmp_path: Path, optimize: bool) -> None:
+    settings = RetrievalSettings(
+        data_dir=tmp_path,
+        qdrant_url=None,
+        qdrant_path=None,
+        edge_optimize=optimize,
+        edge_index_threshold=500,
+    )
+    store = await open_store(settings, DIM)
+    try:
+        assert isinstance(store, EdgeStore)
+        assert store.optimize_after == (500 if optimize else None)
+    finally:
+        await store.close()

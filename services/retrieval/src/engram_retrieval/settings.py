@@ -64,6 +64,20 @@ class RetrievalSettings(EngramSettings):
         "candidate — an ablation for benchmarks, not a production setting).",
     )
 
+    edge_optimize: bool = Field(
+        default=True,
+        description="Embedded store: build HNSW indexes in the background (a child process "
+        "over a copy of the shard, then a switch to it) once edge_index_threshold points "
+        "were written.",
+    )
+    edge_index_threshold: int = Field(
+        default=20_000,
+        ge=100,
+        le=10_000_000,
+        description="Embedded store: points a segment holds before it gets an HNSW index; "
+        "smaller segments are searched exactly through the payload indexes.",
+    )
+
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 
     @field_validator("qdrant_url", "qdrant_api_key", "qdrant_path", "reranker_path", mode="before")

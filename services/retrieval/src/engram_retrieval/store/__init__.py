@@ -47,4 +47,10 @@ async def open_store(settings: RetrievalSettings, dim: int) -> MemoryStore:
         )
     from engram_retrieval.store.edge import EdgeStore
 
-    return await EdgeStore.open(settings.edge_store_path, dim)
+    threshold = settings.edge_index_threshold
+    return await EdgeStore.open(
+        settings.edge_store_path,
+        dim,
+        optimize_after=threshold if settings.edge_optimize else None,
+        index_threshold=threshold,
+    )

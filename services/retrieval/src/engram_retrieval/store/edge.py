@@ -1,13 +1,21 @@
 """The embedded store: a Qdrant Edge shard on local disk (``qdrant-edge-py``).
 
 Edge calls are synchronous; they run on one dedicated thread so the event loop never
-blocks on them and the shard is only ever touched from one thread.
+waits on them and the shard is only ever touched from one thread. They also hold the
+GIL while they run, which is why HNSW indexes are never built in this process: a
+build of 100k points takes minutes and would freeze the whole service. Instead, once
+``optimize_after`` points were written, :meth:`EdgeStore.optimize` builds them in a
+child process over a copy of the shard (:mod:`engram_retrieval.store.edge_optimize`)
+while this process keeps serving from the original, replays the writes made
+meanwhile onto the optimised copy in small steps, and switches to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,11 +28,13 @@ from qdrant_edge import (
     Direction,
     Distance,
     EdgeConfig,
+    EdgeOptimizersConfig,
     EdgeShard,
     EdgeSparseVectorParams,
     EdgeVectorParams,
     FieldCondition,
     Filter,
+    HnswIndexConfig,
     IsEmptyCondition,
     KeywordIndexParams,
     MatchAny,
@@ -42,6 +52,7 @@ from qdrant_edge import (
     UpdateOperation,
 )
 
+from engram_core.logging import get_logger
 from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
@@ -57,8 +68,24 @@ from engram_retrieval.store.base import (
     newest_first_page,
     stored_point,
 )
+from engram_retrieval.store.edge_optimize import (
+    DEFAULT_INDEX_THRESHOLD,
+    ShardGenerations,
+    run_optimizer,
+)
 
 T = TypeVar("T")
+
+log = get_logger("engram.retrieval")
+
+# Every read filters on the tenant, so the graph is built per tenant (payload_m on the
+# is_tenant index) and there is no global graph (m=0), which no query could use.
+# Filters matching fewer vectors than full_scan_threshold (KB of vectors, ~6.6k
+# 384-d vectors) are answered exactly through the payload indexes, graph or not.
+HNSW = {"m": 0, "payload_m": 16, "ef_construct": 100, "full_scan_threshold": 10_000}
+# Writes replayed per edge-thread call while catching up after an optimisation: each is
+# one Upsert/Delete, so searches wait for at most a few of them.
+CATCH_UP_OPS = 4
 
 
 def to_edge_filter(flt: PointFilter, *, before: str | None = None, at: str | None = None) -> Filter:
@@ -92,22 +119,67 @@ def to_edge_filter(flt: PointFilter, *, before: str | None = None, at: str | Non
 class EdgeStore:
     """:class:`~engram_retrieval.store.base.MemoryStore` on a Qdrant Edge shard."""
 
-    def __init__(self, shard: EdgeShard, executor: ThreadPoolExecutor, dim: int) -> None:
+    def __init__(
+        self,
+        shard: EdgeShard,
+        executor: ThreadPoolExecutor,
+        dim: int,
+        *,
+        generations: ShardGenerations,
+        optimize_after: int | None = None,
+        index_threshold: int = DEFAULT_INDEX_THRESHOLD,
+        unindexed: int = 0,
+    ) -> None:
         self._shard = shard
         self._executor = executor
         self.dim = dim
         self._closed = False
+        self._generations = generations
+        self._index_threshold = index_threshold
+        self.optimize_after = optimize_after
+        self._unindexed = unindexed  # points written since the last optimisation
+        # Writes made while a copy is being optimised, replayed onto it before the switch.
+        self._journal: list[UpdateOperation] | None = None
+        self._writes = asyncio.Lock()  # held while the shard's files are copied
+        self._optimizing: asyncio.Task[bool] | None = None
+        self.optimizations = 0
 
     @classmethod
-    async def open(cls, path: Path, dim: int) -> EdgeStore:
+    async def open(
+        cls,
+        path: Path,
+        dim: int,
+        *,
+        optimize_after: int | None = None,
+        index_threshold: int | None = None,
+    ) -> EdgeStore:
+        """Open (or create) the shard at ``path``. ``optimize_after`` points written
+        start a background optimisation (None: never); ``index_threshold`` is the
+        segment size (points) that gets an HNSW index, by default ``optimize_after``."""
+        threshold = index_threshold or optimize_after or DEFAULT_INDEX_THRESHOLD
+        generations = ShardGenerations(path)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-edge")
         loop = asyncio.get_running_loop()
         try:
-            shard = await loop.run_in_executor(executor, _open_shard, path, dim)
+            shard = await loop.run_in_executor(
+                executor, open_shard, generations.open_active(), dim, threshold
+            )
+            # A store never optimised by a switch may hold any number of plain points.
+            unindexed = 0 if generations.switched else shard.info().points_count
         except BaseException:
             executor.shutdown(wait=False)
             raise
-        return cls(shard, executor, dim)
+        store = cls(
+            shard,
+            executor,
+            dim,
+            generations=generations,
+            optimize_after=optimize_after,
+            index_threshold=threshold,
+            unindexed=unindexed,
+        )
+        store._maybe_optimize()
+        return store
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
@@ -115,11 +187,16 @@ class EdgeStore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
+    async def _shard_call(self, method: str, *args: Any) -> Any:
+        """``method`` of the shard that is current when the edge thread runs the call
+        (an optimisation may switch shards while a call waits in the queue)."""
+        return await self._run(lambda: getattr(self._shard, method)(*args))
+
     async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
         if not points:
             return
-        records = await self._run(
-            self._shard.retrieve,
+        records = await self._shard_call(
+            "retrieve",
             [p.id for p in points],
             PayloadSelector.Include(["tenant"]),
             False,
@@ -128,7 +205,18 @@ class EdgeStore:
         if taken:
             raise ForeignIdError(taken)
         edge_points = [Point(p.id, _vectors(p), p.payload) for p in points]
-        await self._run(self._shard.update, UpdateOperation.upsert_points(edge_points))
+        await self._update(UpdateOperation.upsert_points(edge_points))
+        self._unindexed += len(points)
+        self._maybe_optimize()
+
+    async def _update(self, operation: UpdateOperation) -> None:
+        async with self._writes:
+            await self._run(self._apply, operation)
+
+    def _apply(self, operation: UpdateOperation) -> None:  # on the edge thread
+        self._shard.update(operation)
+        if self._journal is not None:
+            self._journal.append(operation)
 
     async def search(
         self,
@@ -163,7 +251,7 @@ class EdgeStore:
                 for query in queries
             ]
         )
-        results = await self._run(self._shard.query_batch, batch)
+        results = await self._shard_call("query_batch", batch)
         rows = [[stored_point(r, score=float(r.score)) for r in found] for found in results]
         return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse))
 
@@ -172,8 +260,8 @@ class EdgeStore:
     ) -> list[StoredPoint]:
         if not ids:
             return []
-        records = await self._run(
-            self._shard.retrieve, list(ids), True, [DENSE_VECTOR] if with_vectors else False
+        records = await self._shard_call(
+            "retrieve", list(ids), True, [DENSE_VECTOR] if with_vectors else False
         )
         points = [stored_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
@@ -181,7 +269,7 @@ class EdgeStore:
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
         owned = [p.id for p in await self.retrieve(tenant, ids)]
         if owned:
-            await self._run(self._shard.update, UpdateOperation.delete_points(list(owned)))
+            await self._update(UpdateOperation.delete_points(list(owned)))
         return owned
 
     async def list_page(
@@ -199,7 +287,7 @@ class EdgeStore:
             with_vector=False,
             order_by=OrderBy("created_at", direction=Direction.Desc),
         )
-        records, _ = await self._run(self._shard.scroll, request)
+        records, _ = await self._shard_call("scroll", request)
         return [stored_point(r) for r in records]
 
     async def _at(
@@ -213,17 +301,20 @@ class EdgeStore:
             with_payload=True,
             with_vector=False,
         )
-        records, _ = await self._run(self._shard.scroll, request)
+        records, _ = await self._shard_call("scroll", request)
         points = [stored_point(r) for r in records]
         return [p for p in points if p.id != after_id][:limit]
 
     async def count(self, flt: PointFilter) -> int:
         request = CountRequest(exact=True, filter=to_edge_filter(flt))
-        return int(await self._run(self._shard.count, request))
+        return int(await self._shard_call("count", request))
 
     async def close(self) -> None:
         if self._closed:
             return
+        if self._optimizing is not None:
+            self._optimizing.cancel()
+            await asyncio.gather(self._optimizing, return_exceptions=True)
         loop = asyncio.get_running_loop()
         shard = self._shard
 
@@ -234,6 +325,106 @@ class EdgeStore:
         await loop.run_in_executor(self._executor, _close)
         self._closed = True
         self._executor.shutdown(wait=True)
+
+    # -- background optimisation --------------------------------------------------------
+
+    @property
+    def optimizing(self) -> bool:
+        return self._optimizing is not None and not self._optimizing.done()
+
+    def _maybe_optimize(self) -> None:
+        if (
+            self.optimize_after is None
+            or self._closed
+            or self.optimizing
+            or self._unindexed < self.optimize_after
+        ):
+            return
+        self._start_optimization()
+
+    def _start_optimization(self) -> asyncio.Task[bool]:
+        if self._optimizing is None or self._optimizing.done():
+            self._optimizing = asyncio.create_task(self._optimize(), name="edge-optimize")
+        return self._optimizing
+
+    async def optimize(self) -> bool:
+        """Build the HNSW indexes in a child process and switch to the result (joins
+        the running optimisation if there is one).
+
+        Reads and writes go on meanwhile: writes pause only while the shard's files are
+        copied, and land in the copy too (journal, replayed a few at a time). Returns
+        whether the store switched to an optimised copy.
+        """
+        return await self._start_optimization()
+
+    async def _optimize(self) -> bool:
+        target = self._generations.next_path()
+        started = time.perf_counter()
+        switched = False
+        copy: asyncio.Future[None] | None = None
+        try:
+            async with self._writes:
+                await self._run(self._begin_journal)
+                copy = asyncio.ensure_future(
+                    asyncio.to_thread(_copy_shard, self._generations.active, target)
+                )
+                await asyncio.shield(copy)
+            self._unindexed = 0  # from here on, points count toward the next round
+            report = await run_optimizer(target, self.dim, self._index_threshold)
+            if not report.get("optimized"):
+                return False
+            fresh = await self._run(open_shard, target, self.dim, self._index_threshold)
+            try:
+                while not switched:
+                    switched = await self._run(self._catch_up, fresh, target)
+            finally:
+                if not switched:
+                    await self._run(fresh.close)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed optimisation leaves the store as it was
+            log.warning("edge optimisation failed", error=str(exc), target=str(target))
+            return False
+        finally:
+            if not self._closed and not switched:
+                await self._run(self._end_journal)
+            if not switched:
+                if copy is not None:  # a cancelled wait leaves the copying thread running
+                    await asyncio.gather(copy, return_exceptions=True)
+                await asyncio.to_thread(shutil.rmtree, target, True)
+        self.optimizations += 1
+        log.info(
+            "edge shard optimised",
+            generation=target.name,
+            seconds=round(time.perf_counter() - started, 1),
+            child_seconds=report.get("seconds"),
+            segments=report.get("segments"),
+        )
+        return True
+
+    def _begin_journal(self) -> None:  # on the edge thread
+        self._shard.flush()
+        self._journal = []
+
+    def _end_journal(self) -> None:  # on the edge thread
+        self._journal = None
+
+    def _catch_up(self, fresh: EdgeShard, target: Path) -> bool:  # on the edge thread
+        """Replay a few journaled writes onto ``fresh``; once none are left, switch."""
+        journal = self._journal
+        assert journal is not None
+        for operation in journal[:CATCH_UP_OPS]:
+            fresh.update(operation)
+        del journal[:CATCH_UP_OPS]
+        if journal:
+            return False
+        fresh.flush()
+        old, previous = self._shard, self._generations.active
+        self._generations.switch_to(target)
+        self._shard, self._journal = fresh, None
+        old.close()
+        shutil.rmtree(previous, ignore_errors=True)
+        return True
 
 
 def _sparse(vec: SparseVec) -> SparseVector:
@@ -247,15 +438,31 @@ def _vectors(point: StoredPoint) -> dict[str, Any]:
     return vectors
 
 
-def _edge_config(dim: int) -> EdgeConfig:
+def edge_config(dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD) -> EdgeConfig:
+    """The shard's configuration; the same in the service and the optimiser process."""
     return EdgeConfig(
         vectors={DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
         sparse_vectors={SPARSE_VECTOR: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+        # one indexing thread: on a small machine the other core keeps serving
+        hnsw_config=HnswIndexConfig(max_indexing_threads=1, **HNSW),
+        optimizers=EdgeOptimizersConfig(
+            indexing_threshold=max(1, index_threshold * dim * 4 // 1024),  # KB of vectors
+            prevent_unoptimized=False,  # never hide points waiting for an index
+        ),
     )
 
 
-def _open_shard(path: Path, dim: int) -> EdgeShard:
-    config = _edge_config(dim)
+def _index_schema(kind: str) -> Any:
+    # Only the tenant gets HNSW sub-graphs; the other indexes serve exact filtering.
+    if kind == "tenant":
+        return KeywordIndexParams(is_tenant=True, enable_hnsw=True)
+    if kind == "datetime":
+        return DatetimeIndexParams(enable_hnsw=False)
+    return KeywordIndexParams(enable_hnsw=False)
+
+
+def open_shard(path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD) -> EdgeShard:
+    config = edge_config(dim, index_threshold)
     try:
         if path.is_dir() and any(path.iterdir()):
             shard = EdgeShard.load(str(path), config)
@@ -264,16 +471,19 @@ def _open_shard(path: Path, dim: int) -> EdgeShard:
             shard = EdgeShard.create(str(path), config)
     except Exception as exc:  # the bindings raise plain Exception subclasses
         raise StoreError(f"cannot open the embedded Qdrant store at {path}: {exc}") from exc
-    existing = set(shard.info().payload_schema)
+    existing = shard.info().payload_schema
     for name, kind in PAYLOAD_INDEXES:
-        if name in existing:
-            continue
-        schema: Any
-        if kind == "tenant":
-            schema = KeywordIndexParams(is_tenant=True)
-        elif kind == "datetime":
-            schema = DatetimeIndexParams()
-        else:
-            schema = KeywordIndexParams()
+        schema = _index_schema(kind)
+        held = existing.get(name)
+        if held is not None:
+            if getattr(held.params, "enable_hnsw", None) == schema.enable_hnsw:
+                continue
+            # created before sub-graphs were limited to the tenant: recreate
+            shard.update(UpdateOperation.delete_field_index(name))
         shard.update(UpdateOperation.create_field_index(name, schema))
     return shard
+
+
+def _copy_shard(source: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
