@@ -90,3 +90,12 @@ def process_memory_mb(pid: int) -> dict[str, float]:
         if name in wanted:
             found[wanted[name]] = round(int(value.split()[0]) / 1024, 1)  # kB
     return found
+
+
+def child_processes(pid: int) -> list[int]:
+    """Direct children of a process (e.g. the retrieval service's index optimiser)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        children.extend(int(c) for c in text)
+    return children

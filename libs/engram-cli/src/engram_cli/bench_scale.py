@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from engram_cli.bench_common import RetrievalProcess, percentiles, process_memory_mb, progress
+from engram_cli.bench_common import (
+    RetrievalProcess,
+    child_processes,
+    percentiles,
+    process_memory_mb,
+    progress,
+)
 from engram_cli.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
@@ -144,12 +150,15 @@ async def bench_engine(
                             conversation_id=conversation_id,
                         )
                     )
+                # the embedded store may be building an index in a child process meanwhile
+                indexing = bool(child_processes(process.pid))
                 scoped = await measure_search(
                     client, asks[WARM_UP:], scoped=True, label=f"[{engine}] search conversation"
                 )
                 every = await measure_search(
                     client, asks[WARM_UP:], scoped=False, label=f"[{engine}] search all scopes"
                 )
+                indexing = indexing or bool(child_processes(process.pid))
                 count = 0
                 for tenant in sorted({m.tenant for m in corpus[:size]}):
                     count += (await client.count(pb.CountRequest(tenant=tenant))).count
@@ -162,6 +171,7 @@ async def bench_engine(
                     "search_all_scopes_ms": every["latency_ms"],
                     "search": scoped,
                     "search_all_scopes": every,
+                    "indexing_during_search": indexing,
                     **process_memory_mb(process.pid),
                 }
     return rows
