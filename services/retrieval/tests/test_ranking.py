@@ -12,8 +12,10 @@ from engram_retrieval.ranking import (
     Candidate,
     Outcome,
     RankingParams,
+    fused_similarity,
     lexical_relevance,
     merge_pools,
+    minmax,
     mmr_select,
     pools_complete,
     rank,
@@ -155,3 +157,48 @@ def test_lexical_relevance_is_bm25_over_the_best() -> None:
     assert lexical_relevance([4.0, None, 1.0, 2.0]).tolist() == [1.0, 0.0, 0.25, 0.5]
     assert lexical_relevance([None, None]).tolist() == [0.0, 0.0]
     assert lexical_relevance([]).tolist() == []
+
+
+def test_minmax_spreads_values_and_is_none_when_flat() -> None:
+    np.testing.assert_allclose(minmax(np.array([2.0, 4.0, 3.0])), [0.0, 1.0, 0.5])
+    assert minmax(np.array([0.4, 0.4])) is None
+    assert minmax(np.zeros(0)) is None
+
+
+def test_fused_similarity_hand_computed() -> None:
+    # d = minmax(cos) = [1, .5, 0]; s = minmax([0, 5, 10]) = [0, .5, 1] (missing BM25 = 0)
+    # f = .7 d + .3 s = [.7, .5, .3]; back onto [lo, hi] = [.2, .6]: .2 + .4 f
+    fused = fused_similarity([0.6, 0.4, 0.2], [None, 5.0, 10.0], 0.3)
+    np.testing.assert_allclose(fused, [0.48, 0.40, 0.32])
+    # w = 1: BM25 order on the cosine range; w = 0: the cosine itself
+    np.testing.assert_allclose(
+        fused_similarity([0.6, 0.4, 0.2], [None, 5.0, 10.0], 1.0), [0.2, 0.4, 0.6]
+    )
+    np.testing.assert_allclose(
+        fused_similarity([0.6, 0.4, 0.2], [None, 5.0, 10.0], 0.0), [0.6, 0.4, 0.2]
+    )
+
+
+def test_fused_similarity_keeps_the_cosine_when_a_signal_is_flat() -> None:
+    np.testing.assert_allclose(fused_similarity([0.6, 0.2], [None, None], 0.3), [0.6, 0.2])
+    np.testing.assert_allclose(fused_similarity([0.6, 0.2], [3.0, 3.0], 0.3), [0.6, 0.2])
+    np.testing.assert_allclose(fused_similarity([0.5], [7.0], 0.3), [0.5])
+    np.testing.assert_allclose(fused_similarity([0.5, 0.5], [1.0, 7.0], 0.3), [0.5, 0.5])
+    with pytest.raises(ValueError):
+        fused_similarity([0.5, 0.4], [1.0], 0.3)
+
+
+def test_fused_similarity_stays_within_the_pool_cosine_range() -> None:
+    rng = np.random.default_rng(7)
+    cos = rng.uniform(-0.2, 0.9, 40)
+    bm25 = [None if x < 0.3 else float(x * 20) for x in rng.uniform(0, 1, 40)]
+    fused = fused_similarity(cos, bm25, 0.3)
+    assert fused.min() >= cos.min() - 1e-12 and fused.max() <= cos.max() + 1e-12
+
+
+def test_ties_go_to_the_smaller_id_whatever_the_store_order() -> None:
+    params = RankingParams(top_k=3, recency_weight=0.0, score_threshold=0.0, mmr_lambda=1.0)
+    pool = [cand("c", [1, 0]), cand("a", [0, 1]), cand("b", [1, 1])]
+    for order in (pool, pool[::-1]):
+        result = rank(order, [0.5] * 3, params, NOW, complete=False)
+        assert [h.candidate.id for h in result.hits] == ["a", "b", "c"]

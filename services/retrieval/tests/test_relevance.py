@@ -47,6 +47,20 @@ def test_calibrated_similarity_constants() -> None:
     )
 
 
+def test_calibrated_similarity_fuses_bm25_when_given() -> None:
+    assert CalibratedSimilarityScorer().lexical_weight == 0.5
+    scorer = CalibratedSimilarityScorer(lexical_weight=0.3)
+    # fused similarity [.48, .40, .32] (see test_ranking), then sigmoid(14 * (x - .3))
+    scores = scorer.score("q", ["a", "b", "c"], np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0])
+    np.testing.assert_allclose(scores, sigmoid(14.0 * (np.array([0.48, 0.40, 0.32]) - 0.3)))
+    np.testing.assert_allclose(scores, [0.925532, 0.802184, 0.569546], atol=1e-6)
+    cosine_only = CalibratedSimilarityScorer(lexical_weight=0.0)
+    np.testing.assert_allclose(
+        cosine_only.score("q", ["a", "b", "c"], np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0]),
+        sigmoid(14.0 * (np.array([0.6, 0.4, 0.2]) - 0.3)),
+    )
+
+
 def test_calibrated_similarity_separates_related_from_unrelated(embedder: Embedder) -> None:
     scorer = CalibratedSimilarityScorer()
     queries = ["What is my dog's name?", "Where do I live?", "what food am I allergic to"]

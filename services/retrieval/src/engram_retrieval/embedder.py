@@ -77,6 +77,9 @@ def create_session(path: Path, *, threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # Idle workers sleep instead of spinning: spinning threads steal the cores that
+    # the event loop, numpy and the store need between two model runs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     try:
         return ort.InferenceSession(

@@ -9,7 +9,7 @@ Given candidate pools (one per scope) and a relevance score per candidate:
 4. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
    ``total = (1 - w) * relevance + w * recency``;
 5. MMR on embedding cosine: repeatedly pick ``argmax λ·total - (1 - λ)·max_sim(selected)``
-   until ``top_k`` are selected.
+   until ``top_k`` are selected; equal objectives go to the smaller id.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Outcome(enum.Enum):
 @dataclass(frozen=True)
 class RankingParams:
     top_k: int = 5
-    recency_weight: float = 0.2
+    recency_weight: float = 0.02
     score_threshold: float = 0.35
     mmr_lambda: float = 0.7
     half_life_days: float = 30.0
@@ -98,6 +98,43 @@ def lexical_relevance(sparse: Sequence[float | None]) -> np.ndarray:
     scores = np.array([0.0 if s is None else max(0.0, s) for s in sparse], dtype=np.float64)
     best = float(scores.max()) if scores.size else 0.0
     return scores / best if best > 0.0 else np.zeros_like(scores)
+
+
+def minmax(values: np.ndarray) -> np.ndarray | None:
+    """``(v - min) / (max - min)`` over the array; None when every value is equal (no
+    information to spread)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return None
+    lo, hi = float(values.min()), float(values.max())
+    return (values - lo) / (hi - lo) if hi > lo else None
+
+
+def fused_similarity(
+    dense: Sequence[float] | np.ndarray,
+    sparse: Sequence[float | None],
+    lexical_weight: float,
+) -> np.ndarray:
+    """Dense cosine and BM25 fused within one candidate pool, in cosine units.
+
+    ``d = minmax(cos)`` and ``s = minmax(bm25)`` over the pool (a candidate the lexical
+    source did not return counts as BM25 0), ``f = (1 - w)·d + w·s``, and the result is
+    ``f`` mapped back onto the pool's cosine range: ``lo + (hi - lo)·f``. It ranks
+    exactly as the min-max weighted sum ``f`` does, and stays on the cosine scale (a
+    candidate best on both signals keeps the best cosine; none goes below the worst
+    one), so a cosine calibration still applies to it. When either signal is flat
+    over the pool (one candidate, no lexical match at all) the cosine is returned
+    unchanged.
+    """
+    cos = np.asarray(dense, dtype=np.float64)
+    bm25 = np.array([0.0 if v is None else max(0.0, v) for v in sparse], dtype=np.float64)
+    if bm25.shape != cos.shape:
+        raise ValueError(f"need one BM25 score per cosine ({cos.shape}), got {bm25.shape}")
+    d, s = minmax(cos), minmax(bm25)
+    if d is None or s is None or lexical_weight <= 0.0:
+        return cos
+    lo, hi = float(cos.min()), float(cos.max())
+    return lo + (hi - lo) * ((1.0 - lexical_weight) * d + lexical_weight * s)
 
 
 def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:
@@ -197,6 +234,8 @@ def rank(
     keep = np.flatnonzero(threshold_mask(rel, params.score_threshold))
     if keep.size == 0:
         return RankingResult(Outcome.NOTHING_RELEVANT, considered=n)
+    # Equal objectives go to the smaller id, whatever order the store returned them in.
+    keep = keep[np.argsort([candidates[i].id for i in keep], kind="stable")]
     vectors = np.stack([np.asarray(candidates[i].vector, dtype=np.float64) for i in keep])
     picked = mmr_select(tot[keep], vectors, params.mmr_lambda, params.top_k)
     hits = [scored(int(keep[j]), mmr) for j, mmr in picked]

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from engram_retrieval.embedder import create_session, encodings_to_inputs
-from engram_retrieval.ranking import sigmoid
+from engram_retrieval.ranking import fused_similarity, sigmoid
 
 
 class RelevanceScorer(Protocol):
@@ -24,8 +24,15 @@ class RelevanceScorer(Protocol):
 
     name: str
 
-    def score(self, query: str, texts: Sequence[str], dense: np.ndarray) -> np.ndarray:
-        """Relevance in [0, 1] per text; ``dense`` is each text's cosine to the query."""
+    def score(
+        self,
+        query: str,
+        texts: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[float | None] | None = None,
+    ) -> np.ndarray:
+        """Relevance in [0, 1] per text; ``dense`` is each text's cosine to the query,
+        ``sparse`` its BM25 score when the lexical source returned it (hybrid only)."""
         ...
 
 
@@ -61,12 +68,31 @@ class CalibratedSimilarityScorer:
     SLOPE = 14.0
     MIDPOINT = 0.30
 
-    def __init__(self, slope: float = SLOPE, midpoint: float = MIDPOINT) -> None:
+    LEXICAL_WEIGHT = 0.5  # tuned on LoCoMo's development half (docs/benchmarks.md)
+
+    def __init__(
+        self,
+        slope: float = SLOPE,
+        midpoint: float = MIDPOINT,
+        lexical_weight: float = LEXICAL_WEIGHT,
+    ) -> None:
         self.slope = slope
         self.midpoint = midpoint
+        self.lexical_weight = lexical_weight
 
-    def score(self, query: str, texts: Sequence[str], dense: np.ndarray) -> np.ndarray:
-        return sigmoid(self.slope * (np.asarray(dense, dtype=np.float64) - self.midpoint))
+    def score(
+        self,
+        query: str,
+        texts: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[float | None] | None = None,
+    ) -> np.ndarray:
+        """``sigmoid(a·(x - b))`` where ``x`` is the cosine, or with BM25 scores the
+        pool's fused similarity (:func:`~engram_retrieval.ranking.fused_similarity`)."""
+        x = np.asarray(dense, dtype=np.float64)
+        if sparse is not None and self.lexical_weight > 0.0:
+            x = fused_similarity(x, sparse, self.lexical_weight)
+        return sigmoid(self.slope * (x - self.midpoint))
 
 
 class CrossEncoderScorer:
@@ -117,7 +143,13 @@ class CrossEncoderScorer:
             out[start : start + len(chunk)] = _pair_logits(np.asarray(raw, dtype=np.float64))
         return out
 
-    def score(self, query: str, texts: Sequence[str], dense: np.ndarray) -> np.ndarray:
+    def score(
+        self,
+        query: str,
+        texts: Sequence[str],
+        dense: np.ndarray,
+        sparse: Sequence[float | None] | None = None,
+    ) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float64)
         return sigmoid(self.logits(query, texts))

@@ -47,7 +47,7 @@ def load_embedder(settings: RetrievalSettings) -> Embedder:
 
 def load_scorer(settings: RetrievalSettings) -> RelevanceScorer:
     if settings.reranker_path is None:
-        return CalibratedSimilarityScorer()
+        return CalibratedSimilarityScorer(lexical_weight=settings.search_lexical_weight)
     return CrossEncoderScorer(
         settings.reranker_path,
         max_length=settings.reranker_max_length,

@@ -318,7 +318,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             elif candidates:
                 dense = np.array([c.dense for c in candidates], dtype=np.float64)
                 texts = [c.text for c in candidates]
-                relevance = await asyncio.to_thread(self.scorer.score, request.query, texts, dense)
+                sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
+                relevance = await asyncio.to_thread(
+                    self.scorer.score, request.query, texts, dense, sparse
+                )
             timings.rerank_ms = _ms(t)
             span.set_attribute("engram.scorer", scorer_name)
             span.set_attribute("engram.candidates", len(candidates))

@@ -37,6 +37,13 @@ class RetrievalSettings(EngramSettings):
         description="Directory with a cross-encoder's model.onnx and tokenizer.json. "
         "Unset: relevance is the calibrated bi-encoder similarity.",
     )
+    search_lexical_weight: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fallback scorer with hybrid candidates: weight of BM25 against the "
+        "cosine in the fused similarity (min-max within the pool); 0: cosine only.",
+    )
     reranker_max_length: int = Field(default=512, ge=16, le=4096)
     reranker_batch_size: int = Field(default=16, ge=1, le=1024)
 
@@ -47,7 +54,14 @@ class RetrievalSettings(EngramSettings):
     embed_max_length: int = Field(default=256, ge=8, le=512)
 
     search_top_k: int = Field(default=5, ge=1, le=100)
-    search_recency_weight: float = Field(default=0.2, ge=0.0, le=1.0)
+    search_recency_weight: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="w in total = (1 - w)·relevance + w·recency. Recency can overturn a "
+        "relevance gap of at most w / (1 - w): the default 0.02 makes it a tie-breaker "
+        "among near-equal relevance (docs/retrieval.md, 'Recency').",
+    )
     search_score_threshold: float = Field(default=0.35, ge=0.0, le=1.0)
     search_mmr_lambda: float = Field(default=0.7, ge=0.0, le=1.0)
     recency_half_life_days: float = Field(

@@ -73,7 +73,7 @@ CONFIGS = {
         ),
         Config(
             "hybrid",
-            "dense + BM25 candidates ranked by calibrated cosine",
+            "dense + BM25 candidates ranked by the calibrated fused cosine/BM25 similarity",
             {"ENGRAM_SEARCH_CANDIDATES": "hybrid", **NO_RERANKER},
             NEUTRAL_RANKING,
         ),
@@ -86,7 +86,7 @@ CONFIGS = {
         ),
         Config(
             "default",
-            "the service as configured (defaults: hybrid, recency weight 0.2, MMR λ 0.7)",
+            "the service as configured (defaults: hybrid fused, recency weight 0.02, MMR λ 0.7)",
         ),
     )
 }
