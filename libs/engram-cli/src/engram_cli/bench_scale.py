@@ -258,6 +258,9 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     if not sizes or sizes[0] <= 0:
         print("engram bench scale: --sizes must be positive integers", file=sys.stderr)
         return 2
+    if args.tenants < 1:
+        print("engram bench scale: --tenants must be at least 1", file=sys.stderr)
+        return 2
     engines = parse_list(args.engines)
     unknown = [e for e in engines if e not in ENGINES]
     if not engines or unknown:
@@ -266,7 +269,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    layout = Layout()
+    layout = Layout(tenants=args.tenants)
     corpus = memories(sizes[-1], layout)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for engine in engines:
@@ -311,6 +314,12 @@ def add_scale_parser(kinds: argparse._SubParsersAction, handler: Callable) -> No
     scale.add_argument("--sizes", default="1000,10000,100000", help="store sizes (comma-separated)")
     scale.add_argument(
         "--engines", default="edge,qdrant-local", help=f"some of: {', '.join(ENGINES)}"
+    )
+    scale.add_argument(
+        "--tenants",
+        type=int,
+        default=Layout.tenants,
+        help="tenants sharing the store (1: one big tenant, the case HNSW indexes are for)",
     )
     scale.add_argument("--queries", type=int, default=300, help="searches per size and kind")
     scale.add_argument("--batch", type=int, default=256, help="memories per Upsert")

@@ -374,12 +374,14 @@ class EdgeStore:
             if not report.get("optimized"):
                 return False
             fresh = await self._run(open_shard, target, self.dim, self._index_threshold)
+            previous = self._generations.active
             try:
                 while not switched:
                     switched = await self._run(self._catch_up, fresh, target)
             finally:
                 if not switched:
                     await self._run(fresh.close)
+            await asyncio.to_thread(shutil.rmtree, previous, True)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed optimisation leaves the store as it was
@@ -419,11 +421,10 @@ class EdgeStore:
         if journal:
             return False
         fresh.flush()
-        old, previous = self._shard, self._generations.active
+        old = self._shard
         self._generations.switch_to(target)
         self._shard, self._journal = fresh, None
         old.close()
-        shutil.rmtree(previous, ignore_errors=True)
         return True
 
 
