@@ -150,6 +150,14 @@ async def bench_engine(
                             conversation_id=conversation_id,
                         )
                     )
+                settled_s = 0.0
+                if args.settle:  # measure the steady state: wait for index builds to end
+                    waited = time.perf_counter()
+                    while True:  # the service has no event to wait on: poll its children
+                        if not child_processes(process.pid):
+                            break
+                        await asyncio.sleep(0.5)
+                    settled_s = round(time.perf_counter() - waited, 1)
                 # the embedded store may be building an index in a child process meanwhile
                 indexing = bool(child_processes(process.pid))
                 scoped = await measure_search(
@@ -172,6 +180,7 @@ async def bench_engine(
                     "search": scoped,
                     "search_all_scopes": every,
                     "indexing_during_search": indexing,
+                    "settle_wait_s": settled_s,
                     **process_memory_mb(process.pid),
                 }
     return rows
@@ -234,6 +243,8 @@ def plot(engines: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]
                 label = f"{engine} {series}".strip()
                 ax.plot(xs, ys, marker="o", label=label)
         ax.set_xscale("log")
+        if name == "scale_latency.png":  # engines differ by orders of magnitude
+            ax.set_yscale("log")
         ax.set_xlabel("memories in the store")
         ax.set_ylabel(ylabel)
         ax.set_title(f"engram bench scale: {ylabel}")
@@ -323,6 +334,11 @@ def add_scale_parser(kinds: argparse._SubParsersAction, handler: Callable) -> No
     )
     scale.add_argument("--queries", type=int, default=300, help="searches per size and kind")
     scale.add_argument("--batch", type=int, default=256, help="memories per Upsert")
+    scale.add_argument(
+        "--settle",
+        action="store_true",
+        help="before searching, wait until the service's background index builds end",
+    )
     scale.add_argument(
         "--local-max",
         type=int,
