@@ -169,3 +169,21 @@ def test_leftovers_of_interrupted_runs_are_removed(tmp_path: Path) -> None:
     assert reopened.open_active() == tmp_path / "shard.gen-2"
     assert names(tmp_path) == ["shard.current", "shard.gen-2"]
     assert reopened.next_path() == tmp_path / "shard.gen-3"
+
+
+async def test_a_large_store_never_optimised_is_optimised_after_opening(tmp_path: Path) -> None:
+    plain = await EdgeStore.open(tmp_path / "shard", DIM)  # optimisation off
+    await plain.upsert("a", make_points(0, THRESHOLD))
+    await plain.close()
+    store = await EdgeStore.open(tmp_path / "shard", DIM, optimize_after=THRESHOLD)
+    try:
+        assert store.optimizing
+        assert await store.optimize() is True
+        assert await store.count(PointFilter(tenant="a")) == THRESHOLD
+    finally:
+        await store.close()
+    again = await EdgeStore.open(tmp_path / "shard", DIM, optimize_after=THRESHOLD)
+    try:  # switched stores count only new writes
+        assert not again.optimizing
+    finally:
+        await again.close()
