@@ -304,4 +304,12 @@ async def test_a_worker_killed_mid_burst_loses_and_duplicates_nothing(
             await asyncio.to_thread(learning.restart, worker)  # SIGKILL, then start again
     await memory.until_facts(expected, timeout_s=90)
     assert len(await memory.facts(superseded=True)) == 8
+
+    # a message the killed worker held comes back after ack_wait: wait for it, then
+    # make sure nothing arrives twice
+    async def all_turns() -> bool:
+        return len(await memory.memories(pb.MEMORY_KIND_TURN)) >= 16
+
+    await wait_for(all_turns, 60, what="all 16 turns indexed")
+    await asyncio.sleep(1.0)
     assert len(await memory.memories(pb.MEMORY_KIND_TURN)) == 16
