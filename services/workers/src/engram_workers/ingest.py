@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 from pydantic import Field
 
+from engram_core.event_status import EventStatusStore
 from engram_core.events import MemoryChanged, TurnPersisted, deterministic_event_id
 from engram_core.logging import get_logger
 from engram_core.memory_record import record_from_pb
@@ -76,6 +77,7 @@ class IngestSettings(WorkerSettings, LlmSettingsMixin):
 class IngestResources:
     settings: IngestSettings
     llm: LlmClient | None  # None when extraction is disabled
+    statuses: EventStatusStore | None = None  # followed events (POST /v1/memories/add)
 
 
 @asynccontextmanager
@@ -83,7 +85,8 @@ async def ingest_resources(worker: Worker[Any]) -> AsyncIterator[IngestResources
     settings: IngestSettings = worker.settings  # type: ignore[assignment]
     llm = LlmClient(settings) if settings.extraction_enabled else None
     try:
-        yield IngestResources(settings=settings, llm=llm)
+        async with EventStatusStore.connect(settings.nats_url) as statuses:
+            yield IngestResources(settings=settings, llm=llm, statuses=statuses)
     finally:
         if llm is not None:
             await llm.close()
@@ -148,6 +151,7 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
     if not event.text.strip():
         # Nothing to search for; a tool-call-only assistant turn, for example.
         log.info("turn.skipped", reason="empty text", turn_id=event.turn_id, role=event.role)
+        await record_status(event, delivery)
         return
     memory = turn_memory(event)
     try:
@@ -169,22 +173,37 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
         await delivery.worker.publish(changed)
 
     resources: IngestResources | None = delivery.resources
+    proposed = False
     if event.role == "user" and resources is not None and resources.llm is not None:
-        await extract_and_propose(event, memory.id, delivery, resources)
+        proposed = await extract_and_propose(event, memory.id, delivery, resources)
+    if not proposed:
+        await record_status(event, delivery)
+
+
+async def record_status(event: TurnPersisted, delivery: Delivery, follow_up: str = "") -> None:
+    """A followed turn (``POST /v1/memories/add``) is applied, or waits for ``follow_up``."""
+    statuses = getattr(delivery.resources, "statuses", None)
+    if statuses is None:
+        return
+    try:
+        await statuses.update_if_followed(event.tenant, event.event_id, follow_up=follow_up)
+    except Exception as exc:
+        raise RetryableError(f"event status: {type(exc).__name__}: {exc}") from exc
 
 
 async def extract_and_propose(
     event: TurnPersisted, memory_id: str, delivery: Delivery, resources: IngestResources
-) -> None:
-    """Extract facts from a user turn and publish them; the turn is indexed already, so
-    a retry (LLM unavailable) only repeats this part in effect."""
+) -> bool:
+    """Extract facts from a user turn and publish them (True when something was
+    proposed); the turn is indexed already, so a retry (LLM unavailable) only repeats
+    this part in effect."""
     llm = resources.llm
     assert llm is not None
     settings = resources.settings
     model = settings.extraction_model or event.model or llm.default_model
     if not model:
         log.warning("extraction.skipped", reason="no model configured", memory_id=memory_id)
-        return
+        return False
     context = await extraction.recent_context(
         delivery.retrieval, event, memory_id, settings.extraction_context_turns
     )
@@ -197,15 +216,19 @@ async def extract_and_propose(
     except LlmOutputError as exc:
         # The client already re-asked; the raw turn stays searchable.
         log.warning("extraction.gave_up", memory_id=memory_id, model=model, error=str(exc))
-        return
+        return False
     except LlmRequestError as exc:
         # A refused request (bad key, unknown model) will not pass next time either:
         # dead-letter so the turn can be re-driven once the configuration is fixed.
         raise PermanentError(f"extraction: {exc}") from exc
     log.info("extraction.done", memory_id=memory_id, facts=len(facts), profile=len(profile))
     if not facts and not profile:
-        return
-    await delivery.worker.publish(extraction.fact_proposed(event, memory_id, facts, profile))
+        return False
+    proposal = extraction.fact_proposed(event, memory_id, facts, profile)
+    # Followed before it is published, so reconcile never finishes an unfollowed one.
+    await record_status(event, delivery, follow_up=proposal.event_id)
+    await delivery.worker.publish(proposal)
+    return True
 
 
 INGEST = WorkerSpec(

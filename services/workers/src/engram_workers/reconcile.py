@@ -38,6 +38,7 @@ from typing import Any, Literal
 import grpc
 from pydantic import Field
 
+from engram_core.event_status import EventStatusStore
 from engram_core.events import (
     DEFAULT_CONVERSATION,
     FactProposed,
@@ -136,6 +137,7 @@ class ReconcileResources:
     settings: ReconcileSettings
     llm: LlmClient
     locks: KeyLocks
+    statuses: EventStatusStore | None = None  # followed events (POST /v1/memories/add)
 
 
 @asynccontextmanager
@@ -143,8 +145,11 @@ async def reconcile_resources(worker: Worker[Any]) -> AsyncIterator[ReconcileRes
     settings: ReconcileSettings = worker.settings  # type: ignore[assignment]
     llm = LlmClient(settings)
     try:
-        async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
-            yield ReconcileResources(settings=settings, llm=llm, locks=locks)
+        async with (
+            KeyLocks.from_settings(settings, settings.nats_url) as locks,
+            EventStatusStore.connect(settings.nats_url) as statuses,
+        ):
+            yield ReconcileResources(settings=settings, llm=llm, locks=locks, statuses=statuses)
     finally:
         await llm.close()
 
@@ -712,6 +717,12 @@ async def reconcile_facts(event: FactProposed, delivery: Delivery) -> None:
                 await delivery.worker.publish(change)
     except LockTimeout as exc:
         raise RetryableError(f"conversation lock: {exc}") from exc
+    statuses = getattr(resources, "statuses", None)
+    if statuses is not None:
+        try:
+            await statuses.update_if_followed(event.tenant, event.event_id)
+        except Exception as exc:
+            raise RetryableError(f"event status: {type(exc).__name__}: {exc}") from exc
 
 
 RECONCILE = WorkerSpec(

@@ -1,0 +1,119 @@
+"""Whether an event someone asked to follow has been applied: a JetStream key-value
+bucket, ``ENGRAM_EVENTS``, shared by the gateway and the write-path workers.
+
+The gateway registers the turns it publishes for ``POST /v1/memories/add`` (status
+``pending``); ingest and reconcile update only records that exist, so chat turns cost
+nothing here. A turn is applied when ingest indexed it and found nothing to propose,
+or when reconcile applied the facts ingest proposed from it (``follow_up``).
+
+Keys hash the tenant with the event id: another tenant asking for the same id reads
+a different key, and finds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Literal
+
+import nats
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import NotFoundError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, Field
+
+from engram_core.bus import nats_servers
+from engram_core.events import utcnow
+
+EVENTS_BUCKET = "ENGRAM_EVENTS"
+#: Records expire after this long; a client polls for minutes, not weeks.
+EVENTS_TTL_S = 7 * 24 * 3600.0
+
+EventState = Literal["pending", "applied"]
+EventStage = Literal["ingest", "reconcile"]
+
+
+class EventStatus(BaseModel):
+    """One followed event. ``stage``: the worker it waits for while pending."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: EventState
+    stage: EventStage | None = None
+    accepted_at: datetime | None = None
+    applied_at: datetime | None = None
+    follow_up: str = Field(default="", description="The event this one now waits for.")
+
+    def applied(self) -> EventStatus:
+        return self.model_copy(update={"status": "applied", "stage": None, "applied_at": utcnow()})
+
+    def waiting_for(self, event_id: str) -> EventStatus:
+        return self.model_copy(update={"stage": "reconcile", "follow_up": event_id})
+
+
+def status_key(tenant: str, event_id: str) -> str:
+    return hashlib.sha256(f"{tenant}\x1f{event_id}".encode()).hexdigest()
+
+
+class EventStatusStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, nats_url: str) -> AsyncIterator[EventStatusStore]:
+        nc = await nats.connect(servers=nats_servers(nats_url), max_reconnect_attempts=-1)
+        try:
+            js = nc.jetstream()
+            try:
+                kv = await js.key_value(EVENTS_BUCKET)
+            except NotFoundError:  # the bucket does not exist yet
+                # Two processes racing here both succeed: an identical bucket is a no-op.
+                kv = await js.create_key_value(
+                    KeyValueConfig(
+                        bucket=EVENTS_BUCKET, history=1, ttl=EVENTS_TTL_S, storage=StorageType.FILE
+                    )
+                )
+            yield cls(kv)
+        finally:
+            await nc.close()
+
+    async def get(self, tenant: str, event_id: str) -> EventStatus | None:
+        try:
+            entry = await self._kv.get(status_key(tenant, event_id))
+        except NotFoundError:  # KeyNotFoundError and a deleted key alike
+            return None
+        if not entry.value:  # a delete marker
+            return None
+        return EventStatus.model_validate_json(entry.value)
+
+    async def put(self, tenant: str, event_id: str, status: EventStatus) -> None:
+        await self._kv.put(status_key(tenant, event_id), status.model_dump_json().encode())
+
+    async def register(self, tenant: str, event_id: str) -> None:
+        """Follow an event about to be published (the gateway's side)."""
+        await self.put(
+            tenant, event_id, EventStatus(status="pending", stage="ingest", accepted_at=utcnow())
+        )
+
+    async def update_if_followed(self, tenant: str, event_id: str, *, follow_up: str = "") -> None:
+        """The workers' side: a followed event is applied, or (``follow_up``) now waits
+        for the event it causes, which becomes followed too — call this *before*
+        publishing that event, or its worker could finish before it is followed.
+        Unfollowed events: no-op."""
+        current = await self.get(tenant, event_id)
+        # Applied, or already waiting for its follow-up (a redelivery): nothing to add,
+        # and re-writing the follow-up could undo reconcile's "applied".
+        if current is None or current.status == "applied" or current.follow_up:
+            return
+        if follow_up:
+            await self.put(
+                tenant,
+                follow_up,
+                EventStatus(status="pending", stage="reconcile", accepted_at=current.accepted_at),
+            )
+            await self.put(tenant, event_id, current.waiting_for(follow_up))
+        else:
+            await self.put(tenant, event_id, current.applied())
