@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic_settings import NoDecode
 
 from engram_core.settings import EngramSettings
+from engram_gateway.keys import KeyTable
 
 
 class GatewaySettings(EngramSettings):
@@ -40,6 +44,23 @@ class GatewaySettings(EngramSettings):
     gateway_memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
     gateway_memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
     gateway_memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+
+    # API keys → tenants (see engram_gateway.keys for the format). Neither set: one
+    # tenant, "default", and no authentication (local use).
+    api_keys: Annotated[KeyTable | None, NoDecode] = Field(
+        default=None,
+        description="Key entries sha256:<hex>=<tenant>, separated by commas or newlines.",
+    )
+    api_keys_file: Annotated[KeyTable | None, NoDecode] = Field(
+        default=None,
+        description="A file of key entries (one per line, # comments), read at start.",
+    )
+    max_memory_chars: int = Field(
+        default=8000,
+        ge=1,
+        le=1_000_000,
+        description="Longest memory text the memory API accepts (400 above).",
+    )
 
     llm_base_url: str = Field(
         default="http://localhost:11434/v1",
@@ -79,6 +100,43 @@ class GatewaySettings(EngramSettings):
         if value is not None and not value.get_secret_value().strip():
             return None
         return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return KeyTable.parse(value) if value.strip() else None
+        return value
+
+    @field_validator("api_keys_file", mode="before")
+    @classmethod
+    def _read_keys_file(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str | Path):
+            if not str(value).strip():
+                return None
+            path = Path(str(value).strip())
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(
+                    f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+                ) from None
+            try:
+                table = KeyTable.parse(text)
+                if isinstance(info.data.get("api_keys"), KeyTable):
+                    info.data["api_keys"].merged(table)  # only checks for conflicts
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+            return table
+        return value
+
+    @property
+    def key_table(self) -> KeyTable | None:
+        """Every configured key (both settings), or None: single-tenant, no auth."""
+        tables = [t for t in (self.api_keys, self.api_keys_file) if t is not None]
+        if not tables:
+            return None
+        return tables[0].merged(tables[1]) if len(tables) == 2 else tables[0]
 
     @property
     def listen_url(self) -> str:

@@ -1,16 +1,85 @@
 """Which tenant a request acts for — decided here and nowhere else.
 
-There is one tenant until API keys map to tenants (DESIGN §3): then this function
-looks the caller's key up (configured as hashes) and every route keeps calling it.
+With API keys configured (``ENGRAM_API_KEYS`` / ``ENGRAM_API_KEYS_FILE``), every
+request except the probes must carry ``Authorization: Bearer <key>``; the key's hash
+names the tenant, and a missing or unknown key is answered 401 before any route runs.
+Without keys there is one tenant, ``default``, and no authentication (local use).
+Routes call :func:`resolve_tenant`; the tenant then travels in every RPC and event.
 """
 
 from __future__ import annotations
 
+import json
+
 from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engram_gateway.errors import INVALID_REQUEST, error_body
+from engram_gateway.keys import KeyTable
 
 DEFAULT_TENANT = "default"
+#: Probes answer without a key: the kubelet has none.
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_TENANT = "tenant"
 
 
 def resolve_tenant(request: Request) -> str:
-    del request  # the API key will come from here
-    return DEFAULT_TENANT
+    tenant = request.scope.get("state", {}).get(_TENANT)
+    if not isinstance(tenant, str):
+        # Only the probes skip the middleware, and they never ask.
+        raise RuntimeError("no tenant resolved for this request")
+    return tenant
+
+
+def bearer_token(authorization: str) -> str | None:
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class ApiKeyMiddleware:
+    """Resolves the tenant of every HTTP request; 401 (OpenAI-shaped) without a valid key."""
+
+    def __init__(self, app: ASGIApp, keys: KeyTable | None) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if self.keys is None:
+            state[_TENANT] = DEFAULT_TENANT
+        elif scope["path"] not in OPEN_PATHS:
+            raw = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            token = bearer_token(raw.decode("latin-1")) if raw is not None else None
+            tenant = self.keys.tenant_for(token) if token else None
+            if tenant is None:
+                await _unauthorized(send, missing=token is None)
+                return
+            state[_TENANT] = tenant
+        await self.app(scope, receive, send)
+
+
+async def _unauthorized(send: Send, *, missing: bool) -> None:
+    # The key itself is never echoed nor logged.
+    message = (
+        "Missing API key: send it as 'Authorization: Bearer <key>'. The upstream LLM key, "
+        "if needed, goes in 'X-Upstream-Authorization'."
+        if missing
+        else "Invalid API key."
+    )
+    body = json.dumps(error_body(message, type=INVALID_REQUEST, code="invalid_api_key")).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", b"Bearer"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

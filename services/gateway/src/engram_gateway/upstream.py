@@ -49,12 +49,14 @@ _DROP_REQUEST = _HOP_BY_HOP | {
     "expect",
     "cookie",
     "authorization",
+    "x-upstream-authorization",
     "traceparent",
     "tracestate",
     "baggage",
 }
 # Chat bodies are re-serialised and decoded by the gateway.
 _DROP_CHAT_REQUEST = _DROP_REQUEST | {"content-type", "accept-encoding"}
+UPSTREAM_AUTH_HEADER = "x-upstream-authorization"
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length", "date", "server"}
 
 
@@ -158,12 +160,16 @@ class Upstream:
         self.llm = llm
 
     def _authorization(self, incoming: Mapping[str, str]) -> str | None:
+        """The configured key; else the caller's ``X-Upstream-Authorization``; else,
+        only when Engram has no API keys of its own, the caller's ``Authorization``."""
         if self.settings.llm_api_key is not None:
             return f"Bearer {self.settings.llm_api_key.get_secret_value()}"
-        for key, value in incoming.items():
-            if key.lower() == "authorization":
-                return value
-        return None
+        headers = {key.lower(): value for key, value in incoming.items()}
+        if UPSTREAM_AUTH_HEADER in headers:
+            return headers[UPSTREAM_AUTH_HEADER]
+        if self.settings.key_table is None:
+            return headers.get("authorization")
+        return None  # the caller's Authorization is its Engram key: never forwarded
 
     def forward_headers(self, incoming: Mapping[str, str], *, chat: bool) -> dict[str, str]:
         drop = _DROP_CHAT_REQUEST if chat else _DROP_REQUEST
