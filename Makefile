@@ -39,8 +39,12 @@ proto: install ## regenerate the gRPC/protobuf code from proto/
 proto-check: install ## fail if the committed generated code differs from a fresh regeneration
 	$(PY) scripts/check_proto.py
 
+.PHONY: helm-check
+helm-check: install ## hadolint the Dockerfile; helm lint, render and validate the chart (offline)
+	$(PY) deploy/scripts/helm_check.py
+
 .PHONY: test
-test: install lint ## install from the lock, lint, and run every test
+test: install lint helm-check ## install from the lock, lint, check the chart, and run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: run
