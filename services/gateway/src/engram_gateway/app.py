@@ -7,21 +7,26 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from faststream.nats import NatsBroker
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 from opentelemetry.trace import TracerProvider
 
 from engram_core.bus import ensure_stream, make_broker
+from engram_core.event_status import EventStatusStore
 from engram_core.logging import get_logger
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client
-from engram_gateway import chat, health, passthrough
+from engram_gateway import chat, health, memory_api, passthrough
+from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState, RequestIdMiddleware
+from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
 
@@ -68,6 +73,8 @@ def create_app(
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
+            statuses = await stack.enter_async_context(EventStatusStore.connect(settings.nats_url))
+
             publisher = TurnPublisher(broker)
             # Runs first on the way out: turns in flight land before the broker closes.
             stack.push_async_callback(publisher.drain, settings.gateway_publish_drain_s)
@@ -78,7 +85,15 @@ def create_app(
                 broker=broker,
                 publisher=publisher,
                 upstream=Upstream(settings, http, llm),
+                statuses=statuses,
             )
+            if keys is None:
+                log.warning(
+                    "no API keys configured: single tenant, no authentication (local use only)",
+                    tenant=DEFAULT_TENANT,
+                )
+            else:
+                log.info("API keys configured", keys=len(keys.entries), tenants=len(keys.tenants))
             log.info(
                 "gateway ready",
                 upstream=settings.llm_base_url,
@@ -88,20 +103,51 @@ def create_app(
             yield
             log.info("gateway stopping")
 
+    keys = settings.key_table
     app = FastAPI(
         title="Engram gateway",
         summary="OpenAI-compatible proxy with long-term memory",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
     install_error_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(
+        BodyLimitMiddleware, limit=settings.gateway_max_body_bytes, prefixes=MEMORY_API_PREFIXES
+    )
+    app.add_middleware(ApiKeyMiddleware, keys=keys)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the request id
     app.include_router(health.router)
     app.include_router(chat.router)
+    app.include_router(memory_api.router)
     app.include_router(passthrough.router)  # last: it catches every other /v1 path
     FastAPIInstrumentor.instrument_app(
         app, tracer_provider=tracer_provider, excluded_urls="/healthz,/readyz"
     )
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+MEMORY_API_PREFIXES = ("/v1/memories", "/v1/events")
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, minus its 422 ``{"detail": ...}`` answers: validation errors
+    are 400 and OpenAI-shaped here (``ErrorResponse``)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, summary=app.summary, routes=app.routes
+        )
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "apiKey": {"type": "http", "scheme": "bearer"}
+        }
+        schema["security"] = [{"apiKey": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_gateway.errors import INVALID_REQUEST, GatewayError, bad_request
 
@@ -50,3 +51,47 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
     return value
+
+
+class BodyLimitMiddleware:
+    """Bounds request bodies on paths whose body FastAPI reads itself (the memory API):
+    413 before the whole body is buffered. Chat and pass-through check in ``read_body``."""
+
+    def __init__(self, app: ASGIApp, limit: int, prefixes: tuple[str, ...]) -> None:
+        self.app = app
+        self.limit = limit
+        self.prefixes = prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefixes):
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await too_large(self.limit).response()(scope, receive, send)
+            return
+        # Buffered here (the limit bounds it), so an oversized chunked body is a 413 too.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await too_large(self.limit).response()(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)

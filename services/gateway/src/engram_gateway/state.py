@@ -12,6 +12,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engram_core.event_status import EventStatusStore
 from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import TurnPublisher
@@ -28,6 +29,7 @@ class GatewayState:
     broker: NatsBroker
     publisher: TurnPublisher
     upstream: Upstream
+    statuses: EventStatusStore
 
 
 def gateway_state(request: Request) -> GatewayState:

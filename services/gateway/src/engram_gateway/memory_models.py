@@ -1,0 +1,159 @@
+"""The memory API's request and response bodies (JSON, in the OpenAPI schema).
+
+Requests forbid unknown fields, so a typo is a 400 naming the field instead of a
+silently ignored knob. Inputs name scopes ``user`` and ``conversation`` (as the chat
+uses ``user`` and ``memory_id``); memories come back as stored, with ``user_id`` and
+``conversation_id``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+from engram_core.events import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
+from engram_gateway.controls import ConversationId
+
+Tag = Annotated[
+    str,
+    StringConstraints(
+        strip_whitespace=True, min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$"
+    ),
+]
+UserId = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Tags = Annotated[list[Tag], Field(max_length=32)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateMemory(_Request):
+    text: str = Field(description="The fact, as it should be recalled.")
+    tags: Tags = Field(default_factory=list)
+    user: UserId = Field(default="", description="The user scope (empty: no user).")
+    conversation: ConversationId = Field(default=DEFAULT_CONVERSATION)
+    created_at: AwareDatetime | None = Field(default=None, description="Default: now.")
+
+
+class UpdateMemory(_Request):
+    text: str | None = Field(default=None, description="New text (re-embedded).")
+    tags: Tags | None = Field(default=None, description="Replaces the tags.")
+
+
+class SearchMemories(_Request):
+    query: str = Field(min_length=1)
+    user: UserId = ""
+    conversation: ConversationId = DEFAULT_CONVERSATION
+    memory_top_k: int | None = Field(default=None, ge=1, le=100)
+    memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
+    memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
+    memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+    kinds: list[MemoryKindName] = Field(
+        default_factory=list, description="Empty: turns, facts and episodes."
+    )
+    include_superseded: bool = False
+
+
+class AddMemories(_Request):
+    text: str | Annotated[list[str], Field(min_length=1, max_length=100)] = Field(
+        description="One text, or several (each becomes one user turn, in order)."
+    )
+    user: UserId = ""
+    conversation: ConversationId = DEFAULT_CONVERSATION
+    created_at: AwareDatetime | None = Field(default=None, description="Default: now.")
+    model: str = Field(
+        default="",
+        max_length=200,
+        description="Model for extraction when the workers have none configured.",
+    )
+
+
+class ListQuery(_Request):
+    conversation: ConversationId | None = None
+    user: UserId | None = None
+    kind: list[MemoryKindName] = Field(default_factory=list, description="Any of these kinds.")
+    tag: list[Tag] = Field(default_factory=list, description="Any of these tags.")
+    include_superseded: bool = False
+    limit: int = Field(default=50, ge=1, le=500)
+    cursor: str | None = Field(default=None, max_length=2000)
+
+
+# --- responses -------------------------------------------------------------------------
+
+
+class MemoryOut(MemoryRecord):
+    object: Literal["memory"] = "memory"
+
+
+class MemoryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[MemoryOut]
+    has_more: bool
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page.")
+
+
+class MemoryHistory(BaseModel):
+    object: Literal["list"] = "list"
+    id: str
+    data: list[MemoryOut] = Field(description="Superseded versions, oldest first.")
+
+
+class DeletedMemory(BaseModel):
+    object: Literal["memory.deleted"] = "memory.deleted"
+    id: str
+    deleted: bool = True
+    deleted_ids: list[str] = Field(description="The memory and its history versions.")
+
+
+class Scores(BaseModel):
+    dense: float
+    sparse: float | None
+    relevance: float
+    recency: float
+    total: float
+    mmr: float
+
+
+class SearchHit(MemoryOut):
+    score: float
+    scope: str | None
+    scores: Scores
+
+
+class SearchResult(BaseModel):
+    object: Literal["memory.search"] = "memory.search"
+    outcome: str
+    hits: list[SearchHit]
+    summary: MemoryOut | None = Field(description="The conversation's rolling summary.")
+    profile: list[MemoryOut] = Field(description="The user's active profile entries.")
+
+
+class Accepted(BaseModel):
+    object: Literal["memory.add"] = "memory.add"
+    status: Literal["pending"] = "pending"
+    event_ids: list[str] = Field(description="Follow each with GET /v1/events/{id}.")
+
+
+class EventOut(BaseModel):
+    object: Literal["event"] = "event"
+    id: str
+    status: Literal["pending", "applied"]
+    stage: Literal["ingest", "reconcile"] | None = Field(
+        description="While pending: indexing + extraction, or reconciling the facts found."
+    )
+    accepted_at: datetime | None
+    applied_at: datetime | None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
