@@ -158,12 +158,18 @@ defs |= {
 }
 
 worker = {"$ref": "#/$defs/worker"}
+# Only workers consume from JetStream, so only they may scale on consumer lag.
+NO_LAG_AUTOSCALING = {
+    "$ref": "#/$defs/autoscaling",
+    "properties": {"jetstreamLag": {"properties": {"enabled": {"const": False}}}},
+}
 defs["worker"] = obj(WORKER, required=("enabled", "healthPort"))
 components = obj(
     {
         "gateway": obj(
             {
                 **COMPONENT,
+                "autoscaling": NO_LAG_AUTOSCALING,
                 "port": PORT,
                 "llm": BOOL,
                 "service": obj(
@@ -176,6 +182,7 @@ components = obj(
         "retrieval": obj(
             {
                 **COMPONENT,
+                "autoscaling": NO_LAG_AUTOSCALING,
                 "port": PORT,
                 "persistence": {"$ref": "#/$defs/persistence"},
             },
@@ -352,6 +359,44 @@ schema = {
         "tests": obj({"enabled": BOOL, "tenant": {"type": "string", "minLength": 1}}),
     },
     "$defs": defs,
+    # Rules across keys. The templates `fail` with a longer message on the same rules
+    # (for --skip-schema-validation), but `helm lint` only fails on the schema.
+    "allOf": [
+        {
+            "$comment": "Without qdrant.url the embedded store allows one retrieval process.",
+            "if": {"properties": {"qdrant": {"properties": {"url": {"const": ""}}}}},
+            "then": {
+                "properties": {
+                    "components": {
+                        "properties": {
+                            "retrieval": {
+                                "properties": {
+                                    "replicas": {"maximum": 1},
+                                    "autoscaling": {"properties": {"enabled": {"const": False}}},
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+        },
+        {
+            "$comment": "A named existingSecret excludes secret values in values.",
+            "if": {
+                "properties": {"secrets": {"properties": {"existingSecret": {"minLength": 1}}}},
+            },
+            "then": {
+                "properties": {
+                    "secrets": {
+                        "properties": {
+                            key: {"maxLength": 0}
+                            for key in ("apiKeys", "llmApiKey", "qdrantApiKey")
+                        }
+                    }
+                }
+            },
+        },
+    ],
 }
 
 
