@@ -1,0 +1,104 @@
+"""The memory API through the whole stack (every worker process, the rule-based scripted
+LLM) with API keys: text added is learned and reported applied; memories created and
+deleted through the API reach the Markdown mirror as files and tombstones."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engram_cli.stack import Stack
+from engram_gateway.keys import entry_for
+
+from .conftest import wait_for
+from .test_learning import start_stack
+
+pytestmark = pytest.mark.e2e
+
+A = {"Authorization": "Bearer e2e-key-a"}
+B = {"Authorization": "Bearer e2e-key-b"}
+
+
+@pytest.fixture(scope="module")
+def keyed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    keys = f"{entry_for('e2e-key-a', 'acme')},{entry_for('e2e-key-b', 'beta')}"
+    stack, upstream = start_stack(
+        tmp_path_factory.mktemp("memory-api") / "data", ENGRAM_API_KEYS=keys
+    )
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        upstream.stop()
+
+
+@pytest.fixture
+async def http(keyed_stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    base = f"http://{keyed_stack.settings.gateway_host}:{keyed_stack.settings.gateway_port}"
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        yield client
+
+
+async def test_added_text_is_learned_and_reported_applied(http: httpx.AsyncClient) -> None:
+    added = await http.post(
+        "/v1/memories/add",
+        json={"text": ["I love tea.", "Hello there!"], "conversation": "e2e-add", "model": "m"},
+        headers=A,
+    )
+    assert added.status_code == 202, added.text
+    fact_event, chit_chat_event = added.json()["event_ids"]
+
+    async def applied(event_id: str) -> dict[str, Any] | None:
+        status = (await http.get(f"/v1/events/{event_id}", headers=A)).json()
+        return status if status["status"] == "applied" else None
+
+    await wait_for(lambda: applied(chit_chat_event), 30, what="the chit-chat turn applied")
+    await wait_for(lambda: applied(fact_event), 45, what="the fact turn reconciled")
+    facts = await http.get(
+        "/v1/memories", params={"conversation": "e2e-add", "kind": "fact"}, headers=A
+    )
+    assert [m["text"] for m in facts.json()["data"]] == ["User loves tea"]
+    other = await http.get("/v1/memories", params={"conversation": "e2e-add"}, headers=B)
+    assert other.json()["data"] == []
+    assert (await http.get(f"/v1/events/{fact_event}", headers=B)).status_code == 404
+
+
+async def test_created_then_deleted_memory_is_mirrored_then_tombstoned(
+    http: httpx.AsyncClient, keyed_stack: Stack
+) -> None:
+    created = await http.post(
+        "/v1/memories",
+        json={"text": "User's bike is green.", "conversation": "e2e-mirror", "tags": ["bike"]},
+        headers=A,
+    )
+    assert created.status_code == 201, created.text
+    memory_id = created.json()["id"]
+    conversation_dir = keyed_stack.data_dir / "mirror" / "acme" / "e2e-mirror"
+
+    def files(pattern: str, needle: str) -> list[Path]:
+        return [p for p in conversation_dir.glob(pattern) if needle in p.read_text()]
+
+    await wait_for(lambda: files("facts/*.md", memory_id), 30, what="the fact file")
+    edited = await http.patch(
+        f"/v1/memories/{memory_id}", json={"text": "User's bike is red."}, headers=A
+    )
+    assert edited.status_code == 200
+    await wait_for(
+        lambda: files("facts/*.md", "User's bike is red."), 30, what="the edited fact file"
+    )
+    await wait_for(
+        lambda: files("deleted/**/*.md", "User's bike is green."), 30, what="the old version"
+    )
+
+    deleted = await http.delete(f"/v1/memories/{memory_id}", headers=A)
+    assert deleted.status_code == 200
+
+    def tombstoned() -> bool:
+        return not files("facts/*.md", memory_id) and bool(files("deleted/**/*.md", memory_id))
+
+    await wait_for(tombstoned, 30, what="the fact file moved to deleted/")
+    assert (await http.get(f"/v1/memories/{memory_id}", headers=A)).status_code == 404
