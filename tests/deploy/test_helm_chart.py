@@ -390,7 +390,10 @@ def test_bad_values_fail_lint_and_template_with_a_clear_message(
 
 # -- secrets ----------------------------------------------------------------------------
 
-PLACEHOLDERS = ("sha256:ci-placeholder-api-key-hash", "ci-placeholder-llm-key")
+PLACEHOLDERS = (
+    "sha256:af9902c4e71a021600fc3248de4e642437533a9a969076118602c1ef69b612ea=ci-tenant",
+    "ci-placeholder-llm-key",
+)
 
 
 def test_no_secret_by_default() -> None:
