@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engram_retrieval.embedder import MODEL_ID, Embedder, default_model_files
+from engram_retrieval.embedder import MODEL_ID, Embedder, default_model_files, is_content_token
 
 
 def test_model_files_come_from_packages() -> None:
@@ -47,7 +47,25 @@ def test_padding_is_dynamic_and_truncation_applies(embedder: Embedder) -> None:
     assert embedder.embed([]).shape == (0, 384)
 
 
-def test_token_vectors(embedder: Embedder) -> None:
+def test_token_vectors_keep_content_tokens_only(embedder: Embedder) -> None:
     tokens = embedder.token_vectors("two words")
-    assert tokens.shape == (4, 384)  # [CLS] two words [SEP]
-    assert np.linalg.norm(tokens, axis=1) == pytest.approx([1.0] * 4, abs=1e-5)
+    assert tokens.shape == (2, 384)  # [CLS] and [SEP] dropped
+    assert tokens.dtype == np.float16
+    assert np.linalg.norm(tokens.astype(np.float32), axis=1) == pytest.approx([1.0] * 2, abs=1e-3)
+    # punctuation pieces match any text's punctuation in MaxSim: dropped too
+    assert embedder.token_vectors("two, words!").shape == (2, 384)
+    # a text of nothing but punctuation still gets vectors (what the model attended to)
+    assert len(embedder.token_vectors("?!")) > 0
+
+
+def test_is_content_token() -> None:
+    assert is_content_token("pizza") and is_content_token("##za") and is_content_token("2023")
+    assert not is_content_token(",") and not is_content_token("##!") and not is_content_token("'")
+
+
+def test_encode_gives_the_same_sentence_vectors_as_embed(embedder: Embedder) -> None:
+    texts = ["a short one", "a much longer sentence, with punctuation and several words"]
+    encoded = embedder.encode(texts)
+    np.testing.assert_allclose(np.stack([e.dense for e in encoded]), embedder.embed(texts))
+    # in input order although batches are sorted by length
+    assert [len(e.tokens) for e in encoded] == [3, 11]  # 12 pieces, minus the comma

@@ -10,6 +10,7 @@ from engram_retrieval.payload import (
     build_payload,
     derive_id,
     format_ts,
+    index_key,
     normalize_id,
     parse_ts,
     payload_to_memory,
@@ -109,3 +110,32 @@ def test_payload_round_trip_and_hash() -> None:
     superseded = build_payload("t", changed, created_at=T0, updated_at=T0, embedding_model="m")
     assert superseded["content_hash"] != payload["content_hash"]
     assert superseded["embed_hash"] == payload["embed_hash"]  # same text: vector reusable
+
+
+def test_index_key_dates_a_turn_and_names_who_said_it() -> None:
+    said = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
+    turn = pb.Memory(
+        kind=pb.MEMORY_KIND_TURN,
+        role="user",
+        text="Caroline: I went to a support group.",
+        metadata={"speaker": "Caroline"},
+    )
+    assert index_key(turn, said) == '(8 May 2023) Caroline said "I went to a support group."'
+    gateway_turn = pb.Memory(kind=pb.MEMORY_KIND_TURN, role="assistant", text="Noted.")
+    assert index_key(gateway_turn, said) == '(8 May 2023) assistant said "Noted."'
+    fact = pb.Memory(kind=pb.MEMORY_KIND_FACT, text="User's wife is Anne")
+    assert index_key(fact, said) == "User's wife is Anne"  # statements stand alone
+    profile = pb.Memory(
+        kind=pb.MEMORY_KIND_PROFILE,
+        profile=pb.ProfileEntry(category="identity", key="name", value="Bob", confidence=0.9),
+    )
+    assert index_key(profile, said) == "identity name: Bob"
+
+
+def test_the_embedding_is_reused_only_while_the_index_key_is_unchanged() -> None:
+    memory = pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text="I like tea")
+    kwargs = {"updated_at": T0, "embedding_model": "m"}
+    first = build_payload("t", memory, created_at=T0, **kwargs)
+    same_day = build_payload("t", memory, created_at=T0.replace(hour=23), **kwargs)
+    next_day = build_payload("t", memory, created_at=datetime(2025, 3, 5, tzinfo=UTC), **kwargs)
+    assert first["embed_hash"] == same_day["embed_hash"] != next_day["embed_hash"]

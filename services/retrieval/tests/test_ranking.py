@@ -13,6 +13,7 @@ from engram_retrieval.ranking import (
     Outcome,
     RankingParams,
     fused_similarity,
+    late_fused_similarity,
     lexical_relevance,
     merge_pools,
     minmax,
@@ -94,8 +95,8 @@ def test_merge_pools_dedupes_first_scope_wins() -> None:
 
 
 def test_pool_size_is_top_k_times_multiplier_but_tells_small_stores_apart() -> None:
-    assert RankingParams(top_k=5).pool_size == 15
-    assert RankingParams(top_k=1).pool_size == 6  # small_store_size 5 + 1
+    assert RankingParams(top_k=5).pool_size == 25
+    assert RankingParams(top_k=1, candidate_multiplier=3).pool_size == 6  # small_store_size 5 + 1
     assert pools_complete([[1, 2], []], 3) and not pools_complete([[1, 2, 3]], 3)
 
 
@@ -202,3 +203,24 @@ def test_ties_go_to_the_smaller_id_whatever_the_store_order() -> None:
     for order in (pool, pool[::-1]):
         result = rank(order, [0.5] * 3, params, NOW, complete=False)
         assert [h.candidate.id for h in result.hits] == ["a", "b", "c"]
+
+
+def test_late_fused_similarity_hand_computed() -> None:
+    # fused 0.6/0.4/0.2 → f = 1, 0.5, 0; MaxSim 0.5/0.9/0.7 → l = 0, 1, 0.5
+    # w = 0.75: x = 0.25 f + 0.75 l = 0.25, 0.875, 0.375 → 0.2 + 0.4 x
+    blended = late_fused_similarity([0.6, 0.4, 0.2], [0.5, 0.9, 0.7], 0.75)
+    np.testing.assert_allclose(blended, [0.3, 0.55, 0.35])
+    # the MaxSim winner outranks the fused winner; the range stays the pool's
+    assert blended.argmax() == 1 and blended.max() <= 0.6 and blended.min() >= 0.2
+
+
+def test_late_fused_similarity_without_signal_keeps_the_fused_score() -> None:
+    np.testing.assert_allclose(late_fused_similarity([0.6, 0.2], [None, None], 0.8), [0.6, 0.2])
+    np.testing.assert_allclose(late_fused_similarity([0.6, 0.2], [0.4, 0.4], 0.8), [0.6, 0.2])
+    np.testing.assert_allclose(late_fused_similarity([0.6, 0.2], [0.1, 0.9], 0.0), [0.6, 0.2])
+    # a candidate without token vectors counts as the pool's lowest MaxSim
+    np.testing.assert_allclose(
+        late_fused_similarity([0.6, 0.4, 0.2], [None, 0.9, 0.5], 1.0), [0.2, 0.6, 0.2]
+    )
+    with pytest.raises(ValueError, match="one late score per candidate"):
+        late_fused_similarity([0.6, 0.2], [0.5], 0.5)

@@ -256,3 +256,55 @@ async def test_stores_reject_an_existing_collection_of_another_size(tmp_path: Pa
     await local.close()
     with pytest.raises(StoreError, match="vector size 4"):
         await QdrantStore.open("memories", 8, path=path)
+
+
+def unit_rows(*rows: list[float]) -> np.ndarray:
+    m = np.array(rows, dtype=np.float32)
+    return (m / np.linalg.norm(m, axis=1, keepdims=True)).astype(np.float16)
+
+
+async def test_late_scores_are_maxsim_over_token_vectors(store: MemoryStore) -> None:
+    assert store.late_interaction
+    one, two, bare = point(1), point(2), point(3)
+    one.tokens = unit_rows([1, 0, 0, 0], [0, 0, 1, 0])
+    two.tokens = unit_rows([0, 1, 0, 0], [1, 1, 0, 0])
+    await store.upsert("a", [one, two, bare])
+    other = point(4, tenant="b")
+    other.tokens = unit_rows([1, 0, 0, 0])
+    await store.upsert("b", [other])
+
+    query = unit_rows([1, 0, 0, 0], [0, 1, 0, 0])
+    scores = await store.late_scores("a", query, [pid(1), pid(2), pid(3), pid(4)])
+    # sum over query tokens of the best cosine among the point's tokens
+    assert scores[pid(1)] == pytest.approx(1.0 + 0.0, abs=1e-2)
+    assert scores[pid(2)] == pytest.approx(np.sqrt(0.5) + 1.0, abs=1e-2)
+    # no token vectors: no score; another tenant's id: never scored
+    assert set(scores) == {pid(1), pid(2)}
+    assert await store.late_scores("a", query, []) == {}
+
+    # token vectors come back with the point, for reuse when only the payload changes
+    (got,) = await store.retrieve("a", [pid(2)], with_vectors=True)
+    assert got.tokens is not None and got.tokens.shape == (2, DIM)
+
+
+async def test_a_store_made_before_token_vectors_opens_without_late_interaction(
+    tmp_path: Path,
+) -> None:
+    from qdrant_edge import EdgeShard
+
+    from engram_retrieval.store.edge import edge_config
+
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    shard = EdgeShard.create(str(legacy), edge_config(DIM, late_interaction=False))
+    shard.close()
+    store = await EdgeStore.open(legacy, DIM)
+    try:
+        assert not store.late_interaction
+        stale = point(1)
+        stale.tokens = unit_rows([1, 0, 0, 0])
+        await store.upsert("a", [stale])  # tokens are not written, the point is
+        assert [p.id for p in await store.retrieve("a", [pid(1)])] == [pid(1)]
+        assert await store.late_scores("a", unit_rows([1, 0, 0, 0]), [pid(1)]) == {}
+    finally:
+        await store.close()

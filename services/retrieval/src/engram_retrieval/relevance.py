@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from engram_retrieval.embedder import create_session, encodings_to_inputs
-from engram_retrieval.ranking import fused_similarity, sigmoid
+from engram_retrieval.ranking import fused_similarity, late_fused_similarity, sigmoid
 
 
 class RelevanceScorer(Protocol):
@@ -30,9 +30,11 @@ class RelevanceScorer(Protocol):
         texts: Sequence[str],
         dense: np.ndarray,
         sparse: Sequence[float | None] | None = None,
+        late: Sequence[float | None] | None = None,
     ) -> np.ndarray:
         """Relevance in [0, 1] per text; ``dense`` is each text's cosine to the query,
-        ``sparse`` its BM25 score when the lexical source returned it (hybrid only)."""
+        ``sparse`` its BM25 score when the lexical source returned it (hybrid only),
+        ``late`` its mean MaxSim over the query's tokens (when the store has them)."""
         ...
 
 
@@ -68,17 +70,21 @@ class CalibratedSimilarityScorer:
     SLOPE = 14.0
     MIDPOINT = 0.30
 
-    LEXICAL_WEIGHT = 0.5  # tuned on LoCoMo's development half (docs/benchmarks.md)
+    # Both tuned on LoCoMo's development half (docs/benchmarks.md).
+    LEXICAL_WEIGHT = 0.5
+    LATE_WEIGHT = 0.85
 
     def __init__(
         self,
         slope: float = SLOPE,
         midpoint: float = MIDPOINT,
         lexical_weight: float = LEXICAL_WEIGHT,
+        late_weight: float = LATE_WEIGHT,
     ) -> None:
         self.slope = slope
         self.midpoint = midpoint
         self.lexical_weight = lexical_weight
+        self.late_weight = late_weight
 
     def score(
         self,
@@ -86,12 +92,17 @@ class CalibratedSimilarityScorer:
         texts: Sequence[str],
         dense: np.ndarray,
         sparse: Sequence[float | None] | None = None,
+        late: Sequence[float | None] | None = None,
     ) -> np.ndarray:
         """``sigmoid(a·(x - b))`` where ``x`` is the cosine, or with BM25 scores the
-        pool's fused similarity (:func:`~engram_retrieval.ranking.fused_similarity`)."""
+        pool's fused similarity (:func:`~engram_retrieval.ranking.fused_similarity`),
+        blended with MaxSim when given
+        (:func:`~engram_retrieval.ranking.late_fused_similarity`)."""
         x = np.asarray(dense, dtype=np.float64)
         if sparse is not None and self.lexical_weight > 0.0:
             x = fused_similarity(x, sparse, self.lexical_weight)
+        if late is not None and self.late_weight > 0.0:
+            x = late_fused_similarity(x, late, self.late_weight)
         return sigmoid(self.slope * (x - self.midpoint))
 
 
@@ -149,6 +160,7 @@ class CrossEncoderScorer:
         texts: Sequence[str],
         dense: np.ndarray,
         sparse: Sequence[float | None] | None = None,
+        late: Sequence[float | None] | None = None,
     ) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float64)

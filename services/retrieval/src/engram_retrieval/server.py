@@ -47,7 +47,10 @@ def load_embedder(settings: RetrievalSettings) -> Embedder:
 
 def load_scorer(settings: RetrievalSettings) -> RelevanceScorer:
     if settings.reranker_path is None:
-        return CalibratedSimilarityScorer(lexical_weight=settings.search_lexical_weight)
+        return CalibratedSimilarityScorer(
+            lexical_weight=settings.search_lexical_weight,
+            late_weight=settings.search_late_weight,
+        )
     return CrossEncoderScorer(
         settings.reranker_path,
         max_length=settings.reranker_max_length,

@@ -30,8 +30,9 @@ from engram_retrieval.payload import (
     GLOBAL_CONVERSATION,
     build_payload,
     derive_id,
-    embed_text,
     identity_text,
+    index_key,
+    memory_text,
     normalize_id,
     parse_ts,
     payload_to_memory,
@@ -195,6 +196,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         # Documents always get BM25 vectors, so the candidate sources can change later.
         self.lexical = LexicalEncoder()
         self.candidates = candidates
+        # Only a scorer that reads MaxSim gets it; a cross-encoder reads the texts.
+        self.late_interaction = getattr(scorer, "late_weight", 0.0) > 0.0
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
         self.clock = clock or (lambda: datetime.now(UTC))
 
@@ -278,7 +281,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         try:
             with self.tracer.start_as_current_span("embed", attributes=base_attrs) as span:
                 t = time.perf_counter()
-                query_vector = await asyncio.to_thread(self.embedder.embed_one, request.query)
+                encoded = await asyncio.to_thread(self.embedder.encode_one, request.query)
+                query_vector = encoded.dense
                 sparse_query = (
                     self.lexical.query(request.query) if self.candidates != "dense" else None
                 )
@@ -319,9 +323,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 dense = np.array([c.dense for c in candidates], dtype=np.float64)
                 texts = [c.text for c in candidates]
                 sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
+                late = await self._late_scores(tenant, encoded.tokens, candidates)
                 relevance = await asyncio.to_thread(
-                    self.scorer.score, request.query, texts, dense, sparse
+                    self.scorer.score, request.query, texts, dense, sparse, late
                 )
+                span.set_attribute("engram.late_interaction", late is not None)
             timings.rerank_ms = _ms(t)
             span.set_attribute("engram.scorer", scorer_name)
             span.set_attribute("engram.candidates", len(candidates))
@@ -372,6 +378,17 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             total_ms=round(timings.total_ms, 2),
         )
         return response
+
+    async def _late_scores(
+        self, tenant: str, query_tokens: np.ndarray, candidates: Sequence[Candidate]
+    ) -> list[float | None] | None:
+        """Each candidate's MaxSim per query token (None: it has no token vectors); None
+        when the scorer does not use them or the store has none."""
+        if not self.late_interaction or not self.store.late_interaction or not len(query_tokens):
+            return None
+        scores = await self.store.late_scores(tenant, query_tokens, [c.id for c in candidates])
+        n = float(len(query_tokens))
+        return [scores[c.id] / n if c.id in scores else None for c in candidates]
 
     async def _summary(self, tenant: str, conversation: str) -> pb.Memory | None:
         page = await self.store.list_page(
@@ -441,21 +458,18 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             if previous is not None and _same(previous.payload, payload):
                 results.append(pb.UpsertResult(id=point_id, status=pb.UPSERT_STATUS_UNCHANGED))
                 continue
-            vector = None
+            key = index_key(memory, parse_ts(payload["created_at"]))
+            point = StoredPoint(id=point_id, payload=payload, sparse=self.lexical.document(key))
             if (
                 previous is not None
                 and previous.vector is not None
+                and (previous.tokens is not None or not self.store.late_interaction)
                 and previous.payload.get("embed_hash") == payload["embed_hash"]
             ):
-                vector = previous.vector
+                point.vector, point.tokens = previous.vector, previous.tokens
             else:
-                to_embed.append((point_id, embed_text(memory)))
-            pending[point_id] = StoredPoint(
-                id=point_id,
-                payload=payload,
-                vector=vector,
-                sparse=self.lexical.document(embed_text(memory)),
-            )
+                to_embed.append((point_id, key))
+            pending[point_id] = point
             status = pb.UPSERT_STATUS_UPDATED if previous else pb.UPSERT_STATUS_CREATED
             results.append(pb.UpsertResult(id=point_id, status=status))
 
@@ -463,11 +477,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             with self.tracer.start_as_current_span(
                 "embed", attributes={"engram.tenant": tenant, "engram.texts": len(to_embed)}
             ):
-                vectors = await asyncio.to_thread(
-                    self.embedder.embed, [text for _, text in to_embed]
+                encoded = await asyncio.to_thread(
+                    self.embedder.encode, [text for _, text in to_embed]
                 )
-            for (point_id, _), vector in zip(to_embed, vectors, strict=True):
-                pending[point_id].vector = vector
+            for (point_id, _), vectors in zip(to_embed, encoded, strict=True):
+                pending[point_id].vector = vectors.dense
+                pending[point_id].tokens = vectors.tokens
         try:
             await self.store.upsert(tenant, list(pending.values()))
         except ForeignIdError as exc:
@@ -576,7 +591,7 @@ def _candidate(point: StoredPoint, scope: str) -> Candidate:
         sparse=point.sparse_score,
         vector=point.vector,
         created_at=parse_ts(point.created_at),
-        text=point.payload.get("text") or embed_text(payload_to_memory(point.id, point.payload)),
+        text=point.payload.get("text") or memory_text(payload_to_memory(point.id, point.payload)),
         payload=point,
     )
 

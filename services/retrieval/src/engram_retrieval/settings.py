@@ -44,6 +44,14 @@ class RetrievalSettings(EngramSettings):
         description="Fallback scorer with hybrid candidates: weight of BM25 against the "
         "cosine in the fused similarity (min-max within the pool); 0: cosine only.",
     )
+    search_late_weight: float = Field(
+        default=0.85,
+        ge=0.0,
+        le=1.0,
+        description="Fallback scorer: weight of late interaction (MaxSim over the MiniLM "
+        "token vectors of the candidates, scored by Qdrant) against the fused similarity; "
+        "0: none (nor is the MaxSim query made).",
+    )
     reranker_max_length: int = Field(default=512, ge=16, le=4096)
     reranker_batch_size: int = Field(default=16, ge=1, le=1024)
 
@@ -70,7 +78,13 @@ class RetrievalSettings(EngramSettings):
     small_store_size: int = Field(
         default=5, ge=0, le=100, description="At most this many memories in scope: return all."
     )
-    candidate_multiplier: int = Field(default=3, ge=1, le=50)
+    candidate_multiplier: int = Field(
+        default=5,
+        ge=1,
+        le=50,
+        description="Candidates fetched per scope and source: top_k * this (late "
+        "interaction re-orders a deep pool; docs/benchmarks.md).",
+    )
     search_candidates: Literal["hybrid", "dense", "lexical"] = Field(
         default="hybrid",
         description="Candidate sources per scope: hybrid (dense + BM25), dense only, or "

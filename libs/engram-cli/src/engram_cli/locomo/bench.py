@@ -45,6 +45,7 @@ WARM_UP_QUERIES = 5
 # ``default`` keeps the service's recency weight and MMR.
 NEUTRAL_RANKING = {"recency_weight": 0.0, "mmr_lambda": 1.0}
 NO_RERANKER = {"ENGRAM_RERANKER_PATH": ""}
+NO_LATE = {"ENGRAM_SEARCH_LATE_WEIGHT": "0"}
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,19 @@ CONFIGS = {
         Config(
             "dense",
             "dense candidates ranked by calibrated cosine (ENGRAM_SEARCH_CANDIDATES=dense)",
-            {"ENGRAM_SEARCH_CANDIDATES": "dense", **NO_RERANKER},
+            {"ENGRAM_SEARCH_CANDIDATES": "dense", **NO_RERANKER, **NO_LATE},
             NEUTRAL_RANKING,
         ),
         Config(
             "hybrid",
             "dense + BM25 candidates ranked by the calibrated fused cosine/BM25 similarity",
+            {"ENGRAM_SEARCH_CANDIDATES": "hybrid", **NO_RERANKER, **NO_LATE},
+            NEUTRAL_RANKING,
+        ),
+        Config(
+            "hybrid+maxsim",
+            "dense + BM25 candidates; fused similarity blended with MaxSim over the MiniLM "
+            "token vectors (late interaction, scored by Qdrant)",
             {"ENGRAM_SEARCH_CANDIDATES": "hybrid", **NO_RERANKER},
             NEUTRAL_RANKING,
         ),
@@ -86,7 +94,7 @@ CONFIGS = {
         ),
         Config(
             "default",
-            "the service as configured (defaults: hybrid fused, recency weight 0.02, MMR λ 0.7)",
+            "the service as configured (defaults: hybrid + MaxSim, recency weight 0.02, MMR λ 0.7)",
         ),
     )
 }

@@ -15,6 +15,8 @@ import numpy as np
 from engram_retrieval.lexical import SparseVec
 
 DENSE_VECTOR = "dense"
+# Token vectors of the index key (a MaxSim multivector, float16) for late interaction.
+TOKENS_VECTOR = "tokens"
 
 # (field, index type) created on open. tenant is the tenant index (Qdrant co-locates a
 # tenant's points); created_at is a datetime index (range filters, newest-first order).
@@ -70,6 +72,7 @@ class StoredPoint:
     score: float | None = None  # cosine to the query, for search results
     sparse: SparseVec | None = None  # BM25 document vector, written on upsert
     sparse_score: float | None = None  # BM25 score, when the lexical source found it
+    tokens: np.ndarray | None = None  # (n, dim) token vectors of the index key
 
     @property
     def created_at(self) -> str:
@@ -87,6 +90,12 @@ def dense_vector_of(raw: Any) -> np.ndarray | None:
     return np.asarray(raw, dtype=np.float32)
 
 
+def token_vectors_of(raw: Any) -> np.ndarray | None:
+    if not isinstance(raw, dict) or raw.get(TOKENS_VECTOR) is None:
+        return None
+    return np.asarray(raw[TOKENS_VECTOR], dtype=np.float16)
+
+
 def stored_point(record: Any, *, score: float | None = None) -> StoredPoint:
     """A StoredPoint from either adapter's record (both expose id, payload, vector)."""
     return StoredPoint(
@@ -94,6 +103,7 @@ def stored_point(record: Any, *, score: float | None = None) -> StoredPoint:
         payload=dict(record.payload or {}),
         vector=dense_vector_of(record.vector),
         score=score,
+        tokens=token_vectors_of(record.vector),
     )
 
 
@@ -115,6 +125,9 @@ class MemoryStore(Protocol):
     """Async access to the memory collection. Implementations: edge, qdrant."""
 
     dim: int
+    # False for a collection created before token vectors were stored: search then
+    # ranks without late interaction until the index is rebuilt (docs/retrieval.md).
+    late_interaction: bool
 
     async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
         """Insert or replace the tenant's points (each with payload and vector).
@@ -142,10 +155,19 @@ class MemoryStore(Protocol):
         """
         ...
 
+    async def late_scores(
+        self, tenant: str, query_tokens: np.ndarray, ids: Sequence[str]
+    ) -> dict[str, float]:
+        """MaxSim of the query's token vectors against each point's (the sum over query
+        tokens of the best cosine among the point's tokens), computed by the engine, for
+        the tenant's points among ``ids`` that have token vectors."""
+        ...
+
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
     ) -> list[StoredPoint]:
-        """The points among ``ids`` that exist and belong to ``tenant``."""
+        """The points among ``ids`` that exist and belong to ``tenant`` (with their dense
+        and token vectors when ``with_vectors``)."""
         ...
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:

@@ -34,12 +34,15 @@ from qdrant_edge import (
     EdgeVectorParams,
     FieldCondition,
     Filter,
+    HasIdCondition,
     HnswIndexConfig,
     IsEmptyCondition,
     KeywordIndexParams,
     MatchAny,
     MatchValue,
     Modifier,
+    MultiVectorComparator,
+    MultiVectorConfig,
     OrderBy,
     PayloadSelector,
     Point,
@@ -50,6 +53,7 @@ from qdrant_edge import (
     ScrollRequest,
     SparseVector,
     UpdateOperation,
+    VectorStorageDatatype,
 )
 
 from engram_core.logging import get_logger
@@ -57,6 +61,7 @@ from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
     PAYLOAD_INDEXES,
+    TOKENS_VECTOR,
     ForeignIdError,
     Page,
     PageCursor,
@@ -83,6 +88,9 @@ log = get_logger("engram.retrieval")
 # Filters matching fewer vectors than full_scan_threshold (KB of vectors, ~6.6k
 # 384-d vectors) are answered exactly through the payload indexes, graph or not.
 HNSW = {"m": 0, "payload_m": 16, "ef_construct": 100, "full_scan_threshold": 10_000}
+# Token vectors are only ever scored for given ids (late interaction over a candidate
+# pool), never searched: no graph at all, and kept on disk (≈ 28 KB a memory).
+NO_GRAPH = {"m": 0, "payload_m": 0, "ef_construct": 100, "full_scan_threshold": 10_000}
 # Writes replayed per edge-thread call while catching up after an optimisation: each is
 # one Upsert/Delete, so searches wait for at most a few of them.
 CATCH_UP_OPS = 4
@@ -129,8 +137,10 @@ class EdgeStore:
         optimize_after: int | None = None,
         index_threshold: int = DEFAULT_INDEX_THRESHOLD,
         unindexed: int = 0,
+        late_interaction: bool = True,
     ) -> None:
         self._shard = shard
+        self.late_interaction = late_interaction
         self._executor = executor
         self.dim = dim
         self._closed = False
@@ -161,7 +171,7 @@ class EdgeStore:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-edge")
         loop = asyncio.get_running_loop()
         try:
-            shard = await loop.run_in_executor(
+            shard, late = await loop.run_in_executor(
                 executor, open_shard, generations.open_active(), dim, threshold
             )
             # A store never optimised by a switch may hold any number of plain points.
@@ -177,7 +187,14 @@ class EdgeStore:
             optimize_after=optimize_after,
             index_threshold=threshold,
             unindexed=unindexed,
+            late_interaction=late,
         )
+        if not late:
+            log.warning(
+                "store has no token vectors: searching without late interaction; "
+                "run `engram rebuild` to re-index",
+                path=str(path),
+            )
         store._maybe_optimize()
         return store
 
@@ -204,7 +221,7 @@ class EdgeStore:
         taken = foreign_ids(tenant, [(str(r.id), (r.payload or {}).get("tenant")) for r in records])
         if taken:
             raise ForeignIdError(taken)
-        edge_points = [Point(p.id, _vectors(p), p.payload) for p in points]
+        edge_points = [Point(p.id, _vectors(p, self.late_interaction), p.payload) for p in points]
         await self._update(UpdateOperation.upsert_points(edge_points))
         self._unindexed += len(points)
         self._maybe_optimize()
@@ -260,11 +277,32 @@ class EdgeStore:
     ) -> list[StoredPoint]:
         if not ids:
             return []
+        vectors = [DENSE_VECTOR, TOKENS_VECTOR] if self.late_interaction else [DENSE_VECTOR]
         records = await self._shard_call(
-            "retrieve", list(ids), True, [DENSE_VECTOR] if with_vectors else False
+            "retrieve", list(ids), True, vectors if with_vectors else False
         )
         points = [stored_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
+
+    async def late_scores(
+        self, tenant: str, query_tokens: np.ndarray, ids: Sequence[str]
+    ) -> dict[str, float]:
+        if not ids or not self.late_interaction or len(query_tokens) == 0:
+            return {}
+        request = QueryRequest(
+            limit=len(ids),
+            query=Query.Nearest(np.asarray(query_tokens, dtype=np.float32), using=TOKENS_VECTOR),
+            filter=Filter(
+                must=[
+                    FieldCondition("tenant", match=MatchValue(tenant)),
+                    HasIdCondition(set(ids)),
+                ]
+            ),
+            with_payload=False,
+            with_vector=False,
+        )
+        found = await self._shard_call("query", request)
+        return {str(r.id): float(r.score) for r in found}
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
         owned = [p.id for p in await self.retrieve(tenant, ids)]
@@ -373,7 +411,7 @@ class EdgeStore:
             report = await run_optimizer(target, self.dim, self._index_threshold)
             if not report.get("optimized"):
                 return False
-            fresh = await self._run(open_shard, target, self.dim, self._index_threshold)
+            fresh, _ = await self._run(open_shard, target, self.dim, self._index_threshold)
             previous = self._generations.active
             try:
                 while not switched:
@@ -432,17 +470,31 @@ def _sparse(vec: SparseVec) -> SparseVector:
     return SparseVector(list(vec.indices), list(vec.values))
 
 
-def _vectors(point: StoredPoint) -> dict[str, Any]:
+def _vectors(point: StoredPoint, late_interaction: bool) -> dict[str, Any]:
     vectors: dict[str, Any] = {DENSE_VECTOR: np.asarray(point.vector, dtype=np.float32).tolist()}
     if point.sparse:
         vectors[SPARSE_VECTOR] = _sparse(point.sparse)
+    if late_interaction and point.tokens is not None and len(point.tokens):
+        vectors[TOKENS_VECTOR] = np.asarray(point.tokens, dtype=np.float16)
     return vectors
 
 
-def edge_config(dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD) -> EdgeConfig:
+def edge_config(
+    dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD, *, late_interaction: bool = True
+) -> EdgeConfig:
     """The shard's configuration; the same in the service and the optimiser process."""
+    vectors = {DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)}
+    if late_interaction:
+        vectors[TOKENS_VECTOR] = EdgeVectorParams(
+            size=dim,
+            distance=Distance.Cosine,
+            multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
+            datatype=VectorStorageDatatype.Float16,
+            on_disk=True,
+            hnsw_config=HnswIndexConfig(**NO_GRAPH),
+        )
     return EdgeConfig(
-        vectors={DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)},
+        vectors=vectors,
         sparse_vectors={SPARSE_VECTOR: EdgeSparseVectorParams(modifier=Modifier.Idf)},
         # one indexing thread: on a small machine the other core keeps serving
         hnsw_config=HnswIndexConfig(max_indexing_threads=1, **HNSW),
@@ -462,14 +514,25 @@ def _index_schema(kind: str) -> Any:
     return KeywordIndexParams(enable_hnsw=False)
 
 
-def open_shard(path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD) -> EdgeShard:
-    config = edge_config(dim, index_threshold)
+def open_shard(
+    path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD
+) -> tuple[EdgeShard, bool]:
+    """The shard at ``path`` (created when absent) and whether it holds token vectors:
+    a shard created before they existed is opened as it is, without them."""
     try:
         if path.is_dir() and any(path.iterdir()):
-            shard = EdgeShard.load(str(path), config)
+            try:
+                shard = EdgeShard.load(str(path), edge_config(dim, index_threshold))
+                late = True
+            except Exception as exc:
+                if "vector storages with keys" not in str(exc):  # not a shard without tokens
+                    raise
+                config = edge_config(dim, index_threshold, late_interaction=False)
+                shard, late = EdgeShard.load(str(path), config), False
         else:
             path.mkdir(parents=True, exist_ok=True)
-            shard = EdgeShard.create(str(path), config)
+            shard = EdgeShard.create(str(path), edge_config(dim, index_threshold))
+            late = True
     except Exception as exc:  # the bindings raise plain Exception subclasses
         raise StoreError(f"cannot open the embedded Qdrant store at {path}: {exc}") from exc
     existing = shard.info().payload_schema
@@ -482,7 +545,7 @@ def open_shard(path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESH
             # created before sub-graphs were limited to the tenant: recreate
             shard.update(UpdateOperation.delete_field_index(name))
         shard.update(UpdateOperation.create_field_index(name, schema))
-    return shard
+    return shard, late
 
 
 def _copy_shard(source: Path, target: Path) -> None:

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     from engram_retrieval.store.edge import open_shard
 
     started = time.perf_counter()
-    shard = open_shard(Path(path), int(dim), int(threshold))
+    shard, _ = open_shard(Path(path), int(dim), int(threshold))
     optimized = shard.optimize()
     shard.flush()
     info = shard.info()

@@ -14,10 +14,12 @@ import numpy as np
 from qdrant_client import AsyncQdrantClient
 from qdrant_client import models as m
 
+from engram_core.logging import get_logger
 from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
     PAYLOAD_INDEXES,
+    TOKENS_VECTOR,
     ForeignIdError,
     Page,
     PageCursor,
@@ -29,6 +31,8 @@ from engram_retrieval.store.base import (
     newest_first_page,
     stored_point,
 )
+
+log = get_logger("engram.retrieval")
 
 
 def to_qdrant_filter(
@@ -68,10 +72,18 @@ def to_qdrant_filter(
 class QdrantStore:
     """:class:`~engram_retrieval.store.base.MemoryStore` on a Qdrant collection."""
 
-    def __init__(self, client: AsyncQdrantClient, collection: str, dim: int) -> None:
+    def __init__(
+        self,
+        client: AsyncQdrantClient,
+        collection: str,
+        dim: int,
+        *,
+        late_interaction: bool = True,
+    ) -> None:
         self._client = client
         self.collection = collection
         self.dim = dim
+        self.late_interaction = late_interaction
 
     @classmethod
     async def open(
@@ -88,11 +100,17 @@ class QdrantStore:
         local = url is None
         client = AsyncQdrantClient(url=url, api_key=api_key, location=location, path=path)
         try:
-            await _ensure_collection(client, collection, dim, indexes=not local)
+            late = await _ensure_collection(client, collection, dim, indexes=not local)
         except BaseException:
             await client.close()
             raise
-        return cls(client, collection, dim)
+        if not late:
+            log.warning(
+                "collection has no token vectors: searching without late interaction; "
+                "run `engram rebuild` into a new ENGRAM_QDRANT_COLLECTION to re-index",
+                collection=collection,
+            )
+        return cls(client, collection, dim, late_interaction=late)
 
     async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
         if not points:
@@ -103,7 +121,10 @@ class QdrantStore:
         taken = foreign_ids(tenant, [(str(r.id), (r.payload or {}).get("tenant")) for r in records])
         if taken:
             raise ForeignIdError(taken)
-        structs = [m.PointStruct(id=p.id, vector=_vectors(p), payload=p.payload) for p in points]
+        structs = [
+            m.PointStruct(id=p.id, vector=_vectors(p, self.late_interaction), payload=p.payload)
+            for p in points
+        ]
         await self._client.upsert(self.collection, structs, wait=True)
 
     async def search(
@@ -145,14 +166,36 @@ class QdrantStore:
     ) -> list[StoredPoint]:
         if not ids:
             return []
+        vectors = [DENSE_VECTOR, TOKENS_VECTOR] if self.late_interaction else [DENSE_VECTOR]
         records = await self._client.retrieve(
             self.collection,
             list(ids),
             with_payload=True,
-            with_vectors=[DENSE_VECTOR] if with_vectors else False,
+            with_vectors=vectors if with_vectors else False,
         )
         points = [stored_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
+
+    async def late_scores(
+        self, tenant: str, query_tokens: np.ndarray, ids: Sequence[str]
+    ) -> dict[str, float]:
+        if not ids or not self.late_interaction or len(query_tokens) == 0:
+            return {}
+        response = await self._client.query_points(
+            self.collection,
+            query=np.asarray(query_tokens, dtype=np.float32).tolist(),
+            using=TOKENS_VECTOR,
+            query_filter=m.Filter(
+                must=[
+                    m.FieldCondition(key="tenant", match=m.MatchValue(value=tenant)),
+                    m.HasIdCondition(has_id=list(ids)),
+                ]
+            ),
+            limit=len(ids),
+            with_payload=False,
+            with_vectors=False,
+        )
+        return {str(p.id): float(p.score) for p in response.points}
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
         owned = [p.id for p in await self.retrieve(tenant, ids)]
@@ -208,16 +251,32 @@ def _sparse(vec: SparseVec) -> m.SparseVector:
     return m.SparseVector(indices=list(vec.indices), values=list(vec.values))
 
 
-def _vectors(point: StoredPoint) -> dict[str, Any]:
+def _vectors(point: StoredPoint, late_interaction: bool) -> dict[str, Any]:
     vectors: dict[str, Any] = {DENSE_VECTOR: np.asarray(point.vector, dtype=np.float32).tolist()}
     if point.sparse:
         vectors[SPARSE_VECTOR] = _sparse(point.sparse)
+    if late_interaction and point.tokens is not None and len(point.tokens):
+        vectors[TOKENS_VECTOR] = np.asarray(point.tokens, dtype=np.float32).tolist()
     return vectors
+
+
+def _tokens_params(dim: int) -> m.VectorParams:
+    # Scored only for given ids (late interaction over a candidate pool): no graph, on disk.
+    return m.VectorParams(
+        size=dim,
+        distance=m.Distance.COSINE,
+        multivector_config=m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM),
+        datatype=m.Datatype.FLOAT16,
+        on_disk=True,
+        hnsw_config=m.HnswConfigDiff(m=0, payload_m=0),
+    )
 
 
 async def _ensure_collection(
     client: AsyncQdrantClient, collection: str, dim: int, *, indexes: bool
-) -> None:
+) -> bool:
+    """Create the collection or check an existing one; whether it has token vectors."""
+    late = True
     if await client.collection_exists(collection):
         info = await client.get_collection(collection)
         vectors = info.config.params.vectors
@@ -233,14 +292,18 @@ async def _ensure_collection(
                 f"collection {collection!r} has no sparse vector {SPARSE_VECTOR!r}; "
                 "use another ENGRAM_QDRANT_COLLECTION"
             )
+        late = isinstance(vectors, dict) and TOKENS_VECTOR in vectors
     else:
         await client.create_collection(
             collection,
-            vectors_config={DENSE_VECTOR: m.VectorParams(size=dim, distance=m.Distance.COSINE)},
+            vectors_config={
+                DENSE_VECTOR: m.VectorParams(size=dim, distance=m.Distance.COSINE),
+                TOKENS_VECTOR: _tokens_params(dim),
+            },
             sparse_vectors_config={SPARSE_VECTOR: m.SparseVectorParams(modifier=m.Modifier.IDF)},
         )
     if not indexes:
-        return
+        return late
     for name, kind in PAYLOAD_INDEXES:
         schema: Any
         if kind == "tenant":
@@ -251,3 +314,4 @@ async def _ensure_collection(
             schema = m.PayloadSchemaType.KEYWORD
         # Idempotent on the server: an existing index of the same type is kept.
         await client.create_payload_index(collection, name, field_schema=schema, wait=True)
+    return late
