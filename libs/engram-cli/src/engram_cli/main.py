@@ -46,6 +46,36 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     return run_rebuild(args)
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from engram_cli.importer import import_command
+
+    return import_command(args)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from engram_cli.exporter import export_command
+
+    return export_command(args)
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from engram_cli.search_cmd import search_command
+
+    return search_command(args)
+
+
+def _cmd_reembed(args: argparse.Namespace) -> int:
+    from engram_cli.reembed import reembed_command
+
+    return reembed_command(args)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from engram_cli.status import status_command
+
+    return status_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="engram", description="Engram: persistent memory for OpenAI-compatible LLMs."
@@ -71,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     from engram_cli.rebuild import add_rebuild_parser
 
     add_rebuild_parser(commands, _cmd_rebuild)
+
+    from engram_cli.exporter import add_export_parser
+    from engram_cli.importer import add_import_parser
+    from engram_cli.reembed import add_reembed_parser
+    from engram_cli.search_cmd import add_search_parser
+    from engram_cli.status import add_status_parser
+
+    add_import_parser(commands, _cmd_import)
+    add_export_parser(commands, _cmd_export)
+    add_search_parser(commands, _cmd_search)
+    add_reembed_parser(commands, _cmd_reembed)
+    add_status_parser(commands, _cmd_status)
     return parser
 
 

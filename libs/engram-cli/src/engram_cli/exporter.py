@@ -1,0 +1,161 @@
+"""``engram export``: a tenant's memories as JSON lines (retrieval ``List``), or a copy
+of its directory in the Markdown mirror (``--mirror``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
+
+import grpc
+
+from engram_cli.bench_common import progress
+from engram_cli.cli_common import CliSettings, CommandError, add_retrieval_flag, cli_settings
+from engram_core.memory_record import record_from_pb
+from engram_core.mirror_format import encode_component
+from engram_core.proto import KIND_BY_NAME, pb
+from engram_core.retrieval_client import RetrievalClient
+
+PAGE = 500
+
+
+def memory_line(memory: pb.Memory, tenant: str) -> str:
+    """One memory as JSON: the mirror's record fields plus ``tenant`` and the model that
+    embedded it."""
+    record = record_from_pb(memory).model_dump(mode="json")
+    return json.dumps(
+        {"tenant": tenant, **record, "embedding_model": memory.embedding_model},
+        ensure_ascii=False,
+    )
+
+
+async def export_jsonl(
+    settings: CliSettings,
+    tenant: str,
+    out: TextIO,
+    *,
+    kinds: list[str] | None = None,
+    include_superseded: bool = False,
+    user: str = "",
+    conversation: str = "",
+    on_progress: Callable[[int, int], None] | None = None,
+) -> int:
+    client = RetrievalClient(settings.retrieval_address, timeout_s=30.0)
+    flt = pb.MemoryFilter(
+        kinds=[KIND_BY_NAME[k] for k in kinds or ()],
+        include_superseded=include_superseded,
+        user_id=user,
+        conversation_id=conversation,
+    )
+    written = 0
+    try:
+        if not await client.is_serving(timeout_s=5.0):
+            raise CommandError(f"retrieval at {settings.retrieval_address} is not serving")
+        total = (await client.count(pb.CountRequest(tenant=tenant, filter=flt))).count
+        token = ""
+        while True:
+            page = await client.list(
+                pb.ListRequest(tenant=tenant, filter=flt, page_size=PAGE, page_token=token)
+            )
+            for memory in page.memories:
+                out.write(memory_line(memory, tenant) + "\n")
+            written += len(page.memories)
+            if on_progress:
+                on_progress(written, max(total, written))
+            token = page.next_page_token
+            if not token:
+                break
+    except grpc.aio.AioRpcError as exc:
+        raise CommandError(f"retrieval: {exc.code().name}: {exc.details()}") from None
+    finally:
+        await client.close()
+    return written
+
+
+def export_mirror(settings: CliSettings, tenant: str, target: Path) -> int:
+    """Copy ``<mirror>/<tenant>/`` (live files and tombstones) to ``target``."""
+    source = settings.mirror / encode_component(tenant)
+    if not source.is_dir():
+        raise CommandError(f"no mirror for tenant {tenant!r} at {source}")
+    if target.exists() and any(target.iterdir()):
+        raise CommandError(f"{target} exists and is not empty")
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    return sum(1 for p in target.rglob("*.md") if p.is_file())
+
+
+def add_export_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    parser = commands.add_parser(
+        "export",
+        help="export a tenant's memories as JSON lines, or copy its mirror directory",
+        description=(
+            "Write every memory of a tenant (all kinds, newest first) as one JSON object per "
+            "line, read through retrieval's List; or, with --mirror DIR, copy the tenant's "
+            "directory of the Markdown mirror."
+        ),
+    )
+    parser.add_argument("--tenant", default="default")
+    parser.add_argument("-o", "--output", type=Path, help="JSONL file (default: stdout)")
+    parser.add_argument(
+        "--include-superseded", action="store_true", help="also the superseded versions"
+    )
+    parser.add_argument(
+        "--kind", action="append", choices=sorted(KIND_BY_NAME), help="only these kinds"
+    )
+    parser.add_argument("--user", default="", help="only this user's memories")
+    parser.add_argument("--conversation", default="", help="only this conversation")
+    parser.add_argument(
+        "--mirror", type=Path, metavar="DIR", help="copy the tenant's mirror directory to DIR"
+    )
+    parser.add_argument("--mirror-root", type=Path, help="default: $ENGRAM_MIRROR_ROOT")
+    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_retrieval_flag(parser)
+    parser.set_defaults(func=handler)
+
+
+def export_command(args: argparse.Namespace) -> int:
+    settings = cli_settings(args)
+    try:
+        if args.mirror is not None:
+            files = export_mirror(settings, args.tenant, args.mirror)
+            print(f"copied {files} memory files of tenant {args.tenant!r} to {args.mirror}")
+            return 0
+        if args.output is None:
+            count = asyncio.run(_export(settings, args, sys.stdout, show=False))
+        else:
+            partial = args.output.with_name(args.output.name + ".partial")
+            try:
+                with partial.open("w", encoding="utf-8") as handle:
+                    count = asyncio.run(_export(settings, args, handle, show=True))
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+            partial.replace(args.output)  # a complete file or none
+        where = args.output or "stdout"
+        print(f"exported {count} memories of tenant {args.tenant!r} to {where}", file=sys.stderr)
+        return 0
+    except CommandError as exc:
+        print(f"engram export: {exc}", file=sys.stderr)
+        return 2
+
+
+async def _export(
+    settings: CliSettings, args: argparse.Namespace, out: TextIO, *, show: bool
+) -> int:
+    return await export_jsonl(
+        settings,
+        args.tenant,
+        out,
+        kinds=args.kind,
+        include_superseded=args.include_superseded,
+        user=args.user,
+        conversation=args.conversation,
+        on_progress=(lambda d, t: progress("export", d, t)) if show else None,
+    )

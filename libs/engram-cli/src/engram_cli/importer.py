@@ -1,0 +1,644 @@
+"""``engram import FILE``: conversation history into memory, resumably.
+
+Formats (``--format auto`` tells them apart by content):
+
+- **openai**: records ``{"messages": [...], "conversation_id"?, "user_id"?, "created_at"?}``
+  where ``messages`` is a Chat Completions message list (``content`` a string or an
+  array of parts; a message may carry its own ``created_at``). The file is either JSON
+  (one record, or a list of records) or JSONL (one record per line).
+- **locomo**: the LoCoMo benchmark's JSON (``engram_cli.locomo.dataset``); each sample
+  is a conversation named by its ``sample_id``, turns dated by their session.
+
+Two ways in:
+
+- ``--via http`` (default): ``POST /v1/memories/add`` on the gateway, so extraction and
+  reconcile learn from what the user said. Only user messages are sent (that is what
+  the write path mines for facts); one request per run of up to 100 user messages
+  that share a timestamp.
+- ``--via grpc``: retrieval's ``Upsert``, every user/assistant message as a ``turn``
+  memory (bulk history: indexed and searchable, no LLM involved).
+
+The whole file is parsed and validated before anything is sent, so bad input changes
+nothing. Work is cut into units (one request each); a state file under
+``<data_dir>/imports/`` records each unit once it was accepted, and a re-run skips
+them. Ids are deterministic besides (gRPC: ``source_id`` from the record's content and
+the message's position; HTTP: ``X-Request-Id`` from the unit's content, which fixes
+the event and turn ids), so sending a unit twice stores it once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import grpc
+import httpx
+
+from engram_cli.bench_common import progress
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_gateway_flags,
+    add_retrieval_flag,
+    api_error,
+    auth_headers,
+    cli_settings,
+)
+from engram_core.proto import pb, to_timestamp
+from engram_core.retrieval_client import RetrievalClient
+
+Via = Literal["http", "grpc"]
+#: ``POST /v1/memories/add`` takes at most 100 texts.
+HTTP_UNIT = 100
+#: Memories per Upsert call.
+GRPC_UNIT = 256
+ROLES = ("user", "assistant", "system", "tool", "developer", "function")
+STATE_VERSION = 1
+
+
+class ImportFormatError(CommandError):
+    """The input is not what it should be; the message names the line or record."""
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    text: str
+    index: int  # position in the record's message list
+    created_at: datetime | None = None
+    source_id: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    where: str  # "line 3", "record 2", "sample conv-26"
+    conversation_id: str
+    user_id: str
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One request's worth of work; ``key`` identifies it across runs."""
+
+    key: str
+    where: str
+    conversation: Conversation
+    messages: tuple[Message, ...]
+    created_at: datetime | None = None
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def detect_and_parse(
+    path: Path, fmt: str = "auto", *, user: str = "", conversation: str = "default"
+) -> tuple[str, list[Conversation]]:
+    """(format name, conversations) or :class:`ImportFormatError`."""
+    try:
+        raw = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise CommandError(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise ImportFormatError(f"{path}: not UTF-8 text ({exc})") from None
+    if not raw.strip():
+        raise ImportFormatError(f"{path}: the file is empty")
+    document: Any = None
+    try:
+        document = json.loads(raw)
+        whole_json = True
+    except json.JSONDecodeError as exc:
+        whole_json = False
+        if raw.lstrip().startswith("["):  # meant as one JSON document, not JSONL
+            raise ImportFormatError(
+                f"{path}:{exc.lineno}: not JSON ({exc.msg} at column {exc.colno})"
+            ) from None
+
+    if fmt == "locomo" or (fmt == "auto" and whole_json and _looks_like_locomo(document)):
+        if not whole_json:
+            raise ImportFormatError(f"{path}: LoCoMo files are one JSON document; this is not JSON")
+        return "locomo", _from_locomo(path, document, user)
+    if fmt not in ("auto", "openai"):
+        raise CommandError(f"unknown format {fmt!r} (auto, openai, locomo)")
+
+    if whole_json:
+        if isinstance(document, dict):
+            items = [("record 1", document)]
+        elif isinstance(document, list):
+            items = [(f"record {i + 1}", item) for i, item in enumerate(document)]
+        else:
+            raise ImportFormatError(
+                f"{path}: unknown format: expected an object with messages, a list of them, "
+                "or a LoCoMo file"
+            )
+        if not items:
+            raise ImportFormatError(f"{path}: the list holds no records")
+        if fmt == "auto" and not _looks_like_openai(items[0][1]):
+            raise ImportFormatError(
+                f"{path}: unknown format: {items[0][0]} has no 'messages' (expected OpenAI "
+                'message lists {"messages": [...]} or a LoCoMo file; see docs/cli.md)'
+            )
+    else:
+        items = []
+        for number, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                items.append((f"line {number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ImportFormatError(
+                    f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno}); expected one "
+                    "record per line (JSONL) or one JSON document"
+                ) from None
+        if fmt == "auto" and not _looks_like_openai(items[0][1]):
+            raise ImportFormatError(
+                f"{path}: unknown format: {items[0][0]} has no 'messages' (see docs/cli.md)"
+            )
+    conversations = [
+        _openai_record(path, where, item, user=user, conversation=conversation)
+        for where, item in items
+    ]
+    return "openai", conversations
+
+
+def _looks_like_locomo(document: Any) -> bool:
+    return (
+        isinstance(document, list)
+        and bool(document)
+        and isinstance(document[0], dict)
+        and "conversation" in document[0]
+    )
+
+
+def _looks_like_openai(item: Any) -> bool:
+    return isinstance(item, dict) and "messages" in item
+
+
+def _from_locomo(path: Path, document: Any, user: str) -> list[Conversation]:
+    from engram_cli.locomo.dataset import LocomoFormatError, parse_samples
+
+    try:
+        samples = parse_samples(document)
+    except LocomoFormatError as exc:
+        raise ImportFormatError(f"{path}: {exc}") from None
+    conversations = []
+    for sample in samples:
+        speaker_a = sample.speakers[0]
+        messages = tuple(
+            Message(
+                # both speakers are people; the first one plays the user (as in the benchmark)
+                role="user" if turn.speaker == speaker_a else "assistant",
+                text=turn.memory_text,
+                index=i,
+                created_at=turn.created_at,
+                source_id=turn.dia_id,
+                metadata={"speaker": turn.speaker, "session": str(turn.session)},
+            )
+            for i, turn in enumerate(sample.turns)
+        )
+        conversations.append(
+            Conversation(f"sample {sample.sample_id}", sample.sample_id, user, messages)
+        )
+    return conversations
+
+
+def _conversation_problem(value: str) -> str | None:
+    if not 1 <= len(value) <= 200:
+        return "must be 1-200 characters"
+    if any(ch in value for ch in "/\\") or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        return "must not contain '/', '\\' or control characters"
+    if value.startswith("."):
+        return "must not start with '.'"
+    return None
+
+
+def _time(value: Any, where: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ImportFormatError(f"{where}: expected an ISO 8601 string")
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ImportFormatError(f"{where}: not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise ImportFormatError(f"{where}: {value!r} has no time zone")
+    return parsed
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""  # an assistant message with tool calls only
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ImportFormatError(f"{where}.content[{i}]: expected a content part object")
+            if part["type"] == "text":
+                if not isinstance(part.get("text"), str):
+                    raise ImportFormatError(f"{where}.content[{i}].text: expected a string")
+                parts.append(part["text"])
+        return "\n".join(parts)
+    raise ImportFormatError(f"{where}.content: expected a string or a list of content parts")
+
+
+def _openai_record(
+    path: Path, where: str, item: Any, *, user: str, conversation: str
+) -> Conversation:
+    at = f"{path}: {where}"
+    if not isinstance(item, dict):
+        raise ImportFormatError(f"{at}: expected an object with 'messages'")
+    unknown = set(item) - {"messages", "conversation_id", "user_id", "created_at", "metadata"}
+    if unknown:
+        raise ImportFormatError(f"{at}: unknown field(s) {', '.join(sorted(unknown))}")
+    messages = item.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ImportFormatError(f"{at}: 'messages' must be a non-empty list")
+    conversation_id = item.get("conversation_id", conversation)
+    if not isinstance(conversation_id, str):
+        raise ImportFormatError(f"{at}: conversation_id must be a string")
+    if (problem := _conversation_problem(conversation_id)) is not None:
+        raise ImportFormatError(f"{at}: conversation_id {problem}")
+    user_id = item.get("user_id", user)
+    if not isinstance(user_id, str) or len(user_id) > 200:
+        raise ImportFormatError(f"{at}: user_id must be a string of at most 200 characters")
+    record_at = _time(item.get("created_at"), f"{at}: created_at")
+    # The record's content names its messages: stable across runs, distinct across records.
+    fingerprint = hashlib.sha256(
+        json.dumps([conversation_id, user_id, messages], sort_keys=True).encode()
+    ).hexdigest()[:16]
+    parsed = []
+    for i, message in enumerate(messages):
+        m_at = f"{at}: messages[{i}]"
+        if not isinstance(message, dict):
+            raise ImportFormatError(f"{m_at}: expected an object with role and content")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ImportFormatError(
+                f"{m_at}.role: expected one of {', '.join(ROLES)}, got {role!r}"
+            )
+        if "content" not in message:
+            raise ImportFormatError(f"{m_at}: missing 'content'")
+        text = _content_text(message["content"], m_at)
+        created_at = _time(message.get("created_at"), f"{m_at}.created_at") or record_at
+        parsed.append(
+            Message(
+                role=role,
+                text=text,
+                index=i,
+                created_at=created_at,
+                source_id=f"import:{fingerprint}:{i}",
+            )
+        )
+    return Conversation(where, conversation_id, user_id, tuple(parsed))
+
+
+# --- planning --------------------------------------------------------------------------------
+
+
+def plan_units(conversations: list[Conversation], via: Via) -> list[Unit]:
+    """Cut the work into requests. HTTP: runs of user messages that share a timestamp (the
+    endpoint takes one ``created_at``), at most 100. gRPC: user/assistant turns, 256 a unit."""
+    units: list[Unit] = []
+    for conversation in conversations:
+        if via == "http":
+            wanted = [m for m in conversation.messages if m.role == "user" and m.text.strip()]
+            runs: list[list[Message]] = []
+            for message in wanted:
+                if (
+                    runs
+                    and runs[-1][-1].created_at == message.created_at
+                    and len(runs[-1]) < HTTP_UNIT
+                ):
+                    runs[-1].append(message)
+                else:
+                    runs.append([message])
+        else:
+            wanted = [
+                m
+                for m in conversation.messages
+                if m.role in ("user", "assistant") and m.text.strip()
+            ]
+            runs = [wanted[i : i + GRPC_UNIT] for i in range(0, len(wanted), GRPC_UNIT)]
+        for run in runs:
+            key = hashlib.sha256(
+                json.dumps(
+                    [
+                        via,
+                        conversation.conversation_id,
+                        conversation.user_id,
+                        [
+                            [m.role, m.text, m.source_id, m.created_at and m.created_at.isoformat()]
+                            for m in run
+                        ],
+                    ]
+                ).encode()
+            ).hexdigest()
+            first, last = run[0].index, run[-1].index
+            units.append(
+                Unit(
+                    key=key,
+                    where=f"{conversation.where}, messages {first}-{last}",
+                    conversation=conversation,
+                    messages=tuple(run),
+                    created_at=run[0].created_at,
+                )
+            )
+    return units
+
+
+def skipped_counts(conversations: list[Conversation], units: list[Unit]) -> int:
+    total = sum(len(c.messages) for c in conversations)
+    return total - sum(len(u.messages) for u in units)
+
+
+# --- the state file --------------------------------------------------------------------------
+
+
+class ImportState:
+    """Append-only JSON lines: a header, then one line per unit accepted. A line cut off
+    by an interruption is ignored, so the file never needs repair."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: set[str] = set()
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(entry, dict) and isinstance(entry.get("unit"), str):
+                    self.done.add(entry["unit"])
+        self._file: TextIO | None = None
+
+    def record(self, unit: Unit) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            self._file = self.path.open("a", encoding="utf-8")
+            if fresh:
+                self._file.write(json.dumps({"engram_import_state": STATE_VERSION}) + "\n")
+        self._file.write(json.dumps({"unit": unit.key, "messages": len(unit.messages)}) + "\n")
+        self._file.flush()
+        self.done.add(unit.key)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def state_path(settings: CliSettings, source: Path, via: Via, destination: str) -> Path:
+    """One state file per (input file, path in, destination) under the data dir."""
+    digest = hashlib.sha256(
+        json.dumps([str(source.resolve()), via, destination]).encode()
+    ).hexdigest()[:16]
+    return settings.data_dir / "imports" / f"{source.name}.{digest}.state.jsonl"
+
+
+# --- sending ---------------------------------------------------------------------------------
+
+
+class Sender:
+    async def send(self, unit: Unit) -> dict[str, int]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        return None
+
+
+class HttpSender(Sender):
+    def __init__(self, settings: CliSettings, model: str) -> None:
+        self.base = settings.gateway_url.rstrip("/")
+        self.model = model
+        self.client = httpx.AsyncClient(
+            base_url=self.base, headers=auth_headers(settings), timeout=60.0
+        )
+
+    async def send(self, unit: Unit) -> dict[str, int]:
+        body: dict[str, Any] = {
+            "text": [m.text for m in unit.messages],
+            "user": unit.conversation.user_id,
+            "conversation": unit.conversation.conversation_id,
+        }
+        if unit.created_at is not None:
+            body["created_at"] = unit.created_at.isoformat()
+        if self.model:
+            body["model"] = self.model
+        try:
+            response = await self.client.post(
+                "/v1/memories/add",
+                json=body,
+                # Fixes the event (and turn) ids: a re-sent unit is de-duplicated.
+                headers={"X-Request-Id": f"import-{unit.key[:40]}"},
+            )
+        except httpx.HTTPError as exc:
+            raise CommandError(f"gateway at {self.base} unreachable: {exc}") from None
+        if response.status_code != 202:
+            raise CommandError(f"{unit.where}: the gateway refused it: {api_error(response)}")
+        return {"accepted": len(response.json().get("event_ids", []))}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class GrpcSender(Sender):
+    def __init__(self, settings: CliSettings, tenant: str) -> None:
+        self.tenant = tenant
+        self.client = RetrievalClient(settings.retrieval_address, timeout_s=30.0)
+
+    async def check(self) -> None:
+        if not await self.client.is_serving(timeout_s=5.0):
+            raise CommandError(f"retrieval at {self.client.address} is not serving")
+
+    async def send(self, unit: Unit) -> dict[str, int]:
+        memories = []
+        for m in unit.messages:
+            memory = pb.Memory(
+                kind=pb.MEMORY_KIND_TURN,
+                role=m.role,
+                text=m.text,
+                user_id=unit.conversation.user_id,
+                conversation_id=unit.conversation.conversation_id,
+                source_id=m.source_id,
+                turn_index=m.index,
+                metadata={**m.metadata, "created_by": "import"},
+            )
+            if m.created_at is not None:
+                memory.created_at.CopyFrom(to_timestamp(m.created_at))
+            memories.append(memory)
+        try:
+            reply = await self.client.upsert(
+                pb.UpsertRequest(tenant=self.tenant, memories=memories)
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise CommandError(
+                f"{unit.where}: Upsert failed: {exc.code().name}: {exc.details()}"
+            ) from None
+        counts: dict[str, int] = {}
+        for result in reply.results:
+            name = pb.UpsertStatus.Name(result.status).removeprefix("UPSERT_STATUS_").lower()
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+@dataclass
+class ImportResult:
+    fmt: str
+    units: int = 0
+    skipped_units: int = 0  # done in an earlier run
+    sent_messages: int = 0
+    not_sendable: int = 0  # roles or empty texts this path does not take
+    counts: dict[str, int] = field(default_factory=dict)
+    state_file: Path | None = None
+
+
+async def run_import(
+    source: Path,
+    settings: CliSettings,
+    *,
+    via: Via = "http",
+    fmt: str = "auto",
+    tenant: str = "default",
+    user: str = "",
+    conversation: str = "default",
+    model: str = "",
+    state_file: Path | None = None,
+    limit_units: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ImportResult:
+    """Import ``source``; ``limit_units`` stops after that many units (tests, dry runs)."""
+    name, conversations = detect_and_parse(source, fmt, user=user, conversation=conversation)
+    units = plan_units(conversations, via)
+    destination = (
+        settings.gateway_url if via == "http" else f"{settings.retrieval_address}/{tenant}"
+    )
+    path = state_file or state_path(settings, source, via, destination)
+    state = ImportState(path)
+    result = ImportResult(name, units=len(units), state_file=path)
+    result.not_sendable = skipped_counts(conversations, units)
+    todo = [u for u in units if u.key not in state.done]
+    result.skipped_units = len(units) - len(todo)
+    total = sum(len(u.messages) for u in todo)
+    sender: Sender
+    sender = HttpSender(settings, model) if via == "http" else GrpcSender(settings, tenant)
+    done = 0
+    try:
+        if isinstance(sender, GrpcSender) and todo:
+            await sender.check()
+        if on_progress:
+            on_progress(0, total)
+        for n, unit in enumerate(todo):
+            if limit_units is not None and n >= limit_units:
+                break
+            counts = await sender.send(unit)
+            state.record(unit)
+            for key, value in counts.items():
+                result.counts[key] = result.counts.get(key, 0) + value
+            done += len(unit.messages)
+            result.sent_messages = done
+            if on_progress:
+                on_progress(done, total)
+    finally:
+        state.close()
+        await sender.close()
+    return result
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def add_import_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    parser = commands.add_parser(
+        "import",
+        help="import conversations (OpenAI message lists or LoCoMo) into memory",
+        description=(
+            "Import conversation history. FILE holds OpenAI-format records "
+            '{"messages": [...], "conversation_id"?, "user_id"?, "created_at"?} as JSON (one '
+            "or a list) or JSONL, or a LoCoMo file (detected). Resumable: a state file under "
+            "<data_dir>/imports/ records what was sent; a re-run skips it."
+        ),
+    )
+    parser.add_argument("file", type=Path, metavar="FILE")
+    parser.add_argument(
+        "--via",
+        choices=("http", "grpc"),
+        default="http",
+        help="http: POST /v1/memories/add on the gateway (extraction + reconcile learn from "
+        "user messages; default); grpc: retrieval Upsert of every turn (bulk history)",
+    )
+    parser.add_argument("--format", choices=("auto", "openai", "locomo"), default="auto")
+    parser.add_argument("--tenant", default="default", help="grpc only (http: the key decides)")
+    parser.add_argument("--user", default="", help="user_id for records that name none")
+    parser.add_argument(
+        "--conversation", default="default", help="conversation_id for records that name none"
+    )
+    parser.add_argument("--model", default="", help="http: the model extraction should use")
+    parser.add_argument("--state-file", type=Path, help="where to record progress")
+    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_gateway_flags(parser)
+    add_retrieval_flag(parser)
+    parser.set_defaults(func=handler)
+
+
+def import_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    settings = cli_settings(args)
+
+    def bar(done: int, total: int) -> None:
+        if total:
+            progress("import", done, total)
+
+    try:
+        result = asyncio.run(
+            run_import(
+                args.file,
+                settings,
+                via=args.via,
+                fmt=args.format,
+                tenant=args.tenant,
+                user=args.user,
+                conversation=args.conversation,
+                model=args.model,
+                state_file=args.state_file,
+                on_progress=bar,
+            )
+        )
+    except CommandError as exc:
+        print(f"\nengram import: {exc}", file=sys.stderr)
+        if not isinstance(exc, ImportFormatError):
+            print("engram import: what was sent is recorded; re-run to resume", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(result.counts.items())) or "nothing new"
+    print(
+        f"imported {result.sent_messages} messages from {args.file} ({result.fmt}, via "
+        f"{args.via}) in {result.units - result.skipped_units} requests: {counts}",
+        file=out,
+    )
+    if result.skipped_units:
+        print(
+            f"skipped {result.skipped_units} requests already sent (state: {result.state_file})",
+            file=out,
+        )
+    if result.not_sendable:
+        what = "non-user or empty" if args.via == "http" else "system/tool or empty"
+        print(f"not sent: {result.not_sendable} {what} messages", file=out)
+    return 0

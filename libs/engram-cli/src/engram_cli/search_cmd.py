@@ -1,0 +1,145 @@
+"""``engram search "…"``: what a chat would recall, with scores, through the gateway's
+``POST /v1/memories/search`` (default) or retrieval's ``Search`` (``--via grpc``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import grpc
+import httpx
+from google.protobuf.json_format import MessageToDict
+
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_gateway_flags,
+    add_retrieval_flag,
+    api_error,
+    auth_headers,
+    cli_settings,
+)
+from engram_core.proto import SCOPE_NAMES, from_timestamp, kind_name, pb
+from engram_core.retrieval_client import RetrievalClient
+
+
+def add_search_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    parser = commands.add_parser(
+        "search",
+        help="search memory the way a chat recalls it; prints hits with scores",
+        description="Retrieval only, no LLM. Prints the hits with their scores, or JSON.",
+    )
+    parser.add_argument("query")
+    parser.add_argument("--user", default="", help="the user scope")
+    parser.add_argument("--conversation", default="default", help="the conversation scope")
+    parser.add_argument("--top-k", type=int, help="hits to return (1-100)")
+    parser.add_argument("--threshold", type=float, help="minimum relevance (0-1)")
+    parser.add_argument("--via", choices=("http", "grpc"), default="http")
+    parser.add_argument("--tenant", default="default", help="grpc only (http: the key decides)")
+    parser.add_argument("--json", action="store_true", help="print the whole response as JSON")
+    add_gateway_flags(parser)
+    add_retrieval_flag(parser)
+    parser.set_defaults(func=handler)
+
+
+async def search_http(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "query": args.query,
+        "user": args.user,
+        "conversation": args.conversation,
+    }
+    if args.top_k is not None:
+        body["memory_top_k"] = args.top_k
+    if args.threshold is not None:
+        body["memory_score_threshold"] = args.threshold
+    url = settings.gateway_url.rstrip("/")
+    async with httpx.AsyncClient(base_url=url, headers=auth_headers(settings), timeout=30) as http:
+        try:
+            response = await http.post("/v1/memories/search", json=body)
+        except httpx.HTTPError as exc:
+            raise CommandError(f"gateway at {url} unreachable: {exc}") from None
+    if response.status_code != 200:
+        raise CommandError(api_error(response))
+    return response.json()
+
+
+async def search_grpc(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:
+    request = pb.SearchRequest(
+        tenant=args.tenant, query=args.query, user_id=args.user, conversation_id=args.conversation
+    )
+    if args.top_k is not None:
+        request.top_k = args.top_k
+    if args.threshold is not None:
+        request.score_threshold = args.threshold
+    client = RetrievalClient(settings.retrieval_address, timeout_s=30)
+    try:
+        reply = await client.search(request)
+    except grpc.aio.AioRpcError as exc:
+        raise CommandError(f"retrieval: {exc.code().name}: {exc.details()}") from None
+    finally:
+        await client.close()
+    # The same shape as the HTTP answer, so --json and the table read either.
+    hits = []
+    for hit in reply.hits:
+        memory = hit.memory
+        created = from_timestamp(memory.created_at)
+        scores = MessageToDict(hit.scores, preserving_proto_field_name=True)
+        hits.append(
+            {
+                "id": memory.id,
+                "kind": kind_name(memory.kind),
+                "text": memory.text,
+                "role": memory.role,
+                "user_id": memory.user_id,
+                "conversation_id": memory.conversation_id,
+                "created_at": created.isoformat() if created else None,
+                "score": round(float(hit.scores.total), 6),
+                "scope": SCOPE_NAMES.get(hit.scope),
+                "scores": {k: round(float(v), 6) for k, v in scores.items()},
+            }
+        )
+    outcome = pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_").lower()
+    return {
+        "outcome": outcome,
+        "hits": hits,
+        "summary": reply.summary.text if reply.HasField("summary") else None,
+        "profile": [m.text for m in reply.profile],
+    }
+
+
+def print_hits(result: dict[str, Any], out: TextIO) -> None:
+    hits = result.get("hits") or []
+    print(f"outcome: {result.get('outcome')}  hits: {len(hits)}", file=out)
+    for n, hit in enumerate(hits, start=1):
+        scores = hit.get("scores") or {}
+        day = (hit.get("created_at") or "")[:10] or "undated"
+        label = f"{hit['kind']}/{hit['role']}" if hit.get("role") else hit["kind"]
+        text = " ".join(str(hit.get("text", "")).split())
+        print(
+            f"{n:>2}. {hit['score']:.3f} (rel {scores.get('relevance', 0):.3f}) "
+            f"[{day}] {label} <{hit.get('scope')}:{hit.get('conversation_id')}> {text}",
+            file=out,
+        )
+
+
+def search_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    settings = cli_settings(args)
+    try:
+        run = search_http if args.via == "http" else search_grpc
+        result = asyncio.run(run(settings, args))
+    except CommandError as exc:
+        print(f"engram search: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False), file=out)
+    else:
+        print_hits(result, out)
+    return 0

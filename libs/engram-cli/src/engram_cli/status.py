@@ -1,0 +1,219 @@
+"""``engram status``: is everything up, how far behind is each worker, how much is stored.
+
+- the gateway's ``/readyz``, retrieval's gRPC health, each worker's ``/readyz`` on its
+  health port (``ENGRAM_HEALTH_PORT_BASE`` + position, as ``engram up`` assigns them);
+- per worker, its durable JetStream consumer on the ``ENGRAM`` stream: ``num_pending``
+  (not yet delivered), ``num_ack_pending`` (delivered, not yet acknowledged),
+  ``num_redelivered``;
+- memories per kind for a tenant (retrieval ``Count``, current versions and all).
+
+Exit status 0 when every service answered ready, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import grpc
+import httpx
+
+from engram_cli.cli_common import CliSettings, add_gateway_flags, add_retrieval_flag, cli_settings
+from engram_cli.stack import WORKERS
+from engram_core.events import STREAM_NAME
+from engram_core.proto import pb
+from engram_core.retrieval_client import RetrievalClient
+
+TIMEOUT_S = 2.0
+
+
+async def _http_ready(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    try:
+        response = await http.get(url)
+    except httpx.HTTPError as exc:
+        return {"status": "unreachable", "url": url, "error": type(exc).__name__}
+    status = "ready" if response.status_code == 200 else "not ready"
+    entry: dict[str, Any] = {"status": status, "url": url}
+    if response.status_code != 200:
+        try:
+            entry["checks"] = response.json().get("checks")
+        except ValueError:
+            entry["http_status"] = response.status_code
+    return entry
+
+
+async def _consumers(nats_url: str) -> dict[str, Any]:
+    import nats
+    from nats.js.errors import NotFoundError
+
+    async def quiet(_exc: Exception) -> None:  # the outcome is reported, not logged
+        return None
+
+    try:
+        # nats-py keeps retrying an initial connect that fails: bound it.
+        nc = await asyncio.wait_for(
+            nats.connect(
+                nats_url,
+                connect_timeout=TIMEOUT_S,
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                error_cb=quiet,
+            ),
+            timeout=TIMEOUT_S,
+        )
+    except Exception as exc:  # nats-py raises several types for "no server"
+        return {"error": f"NATS at {nats_url} unreachable ({type(exc).__name__})"}
+    try:
+        js = nc.jetstream(timeout=TIMEOUT_S)
+        try:
+            stream = await js.stream_info(STREAM_NAME)
+        except NotFoundError:
+            return {"error": f"no stream {STREAM_NAME}"}
+        result: dict[str, Any] = {
+            "stream": {"name": STREAM_NAME, "messages": int(stream.state.messages)},
+            "consumers": {},
+        }
+        for worker in WORKERS:
+            try:
+                info = await js.consumer_info(STREAM_NAME, worker)
+            except NotFoundError:
+                result["consumers"][worker] = None
+                continue
+            result["consumers"][worker] = {
+                "num_pending": int(info.num_pending or 0),
+                "num_ack_pending": int(info.num_ack_pending or 0),
+                "redelivered": int(info.num_redelivered or 0),
+                "waiting_pulls": int(info.num_waiting or 0),
+            }
+        return result
+    finally:
+        await nc.close()
+
+
+async def _counts(client: RetrievalClient, tenant: str) -> dict[str, Any]:
+    try:
+        current = await client.count(pb.CountRequest(tenant=tenant))
+        everything = await client.count(
+            pb.CountRequest(tenant=tenant, filter=pb.MemoryFilter(include_superseded=True))
+        )
+    except grpc.aio.AioRpcError as exc:
+        return {"error": f"{exc.code().name}: {exc.details()}"}
+    return {
+        "tenant": tenant,
+        "current": int(current.count),
+        "by_kind": {k: int(v) for k, v in sorted(current.by_kind.items())},
+        "superseded": int(everything.count - current.count),
+    }
+
+
+async def collect_status(settings: CliSettings, tenant: str) -> dict[str, Any]:
+    client = RetrievalClient(settings.retrieval_address, timeout_s=TIMEOUT_S)
+    gateway = settings.gateway_url.rstrip("/")
+    async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+        try:
+            worker_urls = {
+                w: f"http://127.0.0.1:{settings.health_port_base + i}/readyz"
+                for i, w in enumerate(WORKERS)
+            }
+            gateway_ready, serving, consumers, *workers = await asyncio.gather(
+                _http_ready(http, f"{gateway}/readyz"),
+                client.is_serving(timeout_s=TIMEOUT_S),
+                _consumers(settings.nats_url),
+                *(_http_ready(http, url) for url in worker_urls.values()),
+            )
+            counts = await _counts(client, tenant) if serving else {"error": "retrieval down"}
+        finally:
+            await client.close()
+    services: dict[str, Any] = {
+        "gateway": gateway_ready,
+        "retrieval": {
+            "status": "serving" if serving else "unreachable",
+            "address": settings.retrieval_address,
+        },
+    }
+    services.update(dict(zip(WORKERS, workers, strict=True)))
+    return {"services": services, "jetstream": consumers, "memories": counts}
+
+
+def all_ready(status: dict[str, Any]) -> bool:
+    return all(s["status"] in ("ready", "serving") for s in status["services"].values())
+
+
+def print_status(status: dict[str, Any], out: TextIO) -> None:
+    print("services:", file=out)
+    for name, entry in status["services"].items():
+        where = entry.get("url") or entry.get("address", "")
+        extra = f"  {entry['checks']}" if entry.get("checks") else ""
+        print(f"  {name:<10} {entry['status']:<12} {where}{extra}", file=out)
+    js = status["jetstream"]
+    if "error" in js:
+        print(f"jetstream: {js['error']}", file=out)
+    else:
+        print(
+            f"jetstream: stream {js['stream']['name']}, {js['stream']['messages']} messages",
+            file=out,
+        )
+        print(
+            f"  {'consumer':<10} {'pending':>8} {'ack_pending':>12} {'redelivered':>12}", file=out
+        )
+        for name, info in js["consumers"].items():
+            if info is None:
+                print(f"  {name:<10} (no consumer yet)", file=out)
+            else:
+                print(
+                    f"  {name:<10} {info['num_pending']:>8} {info['num_ack_pending']:>12} "
+                    f"{info['redelivered']:>12}",
+                    file=out,
+                )
+    counts = status["memories"]
+    if "error" in counts:
+        print(f"memories: {counts['error']}", file=out)
+    else:
+        kinds = ", ".join(f"{k} {v}" for k, v in counts["by_kind"].items() if v) or "none"
+        print(
+            f"memories of tenant {counts['tenant']!r}: {counts['current']} current ({kinds}), "
+            f"{counts['superseded']} superseded",
+            file=out,
+        )
+
+
+def add_status_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    parser = commands.add_parser(
+        "status",
+        help="services' health, worker lag (JetStream consumers), memory counts",
+        description="Exit status 0 when every service is ready, 1 otherwise.",
+    )
+    parser.add_argument("--tenant", default="default", help="whose memories to count")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--nats", metavar="URL", help="default: $ENGRAM_NATS_URL")
+    parser.add_argument(
+        "--health-port-base", type=int, help="workers' first health port (default 8201)"
+    )
+    add_gateway_flags(parser)
+    add_retrieval_flag(parser)
+    parser.set_defaults(func=handler)
+
+
+def status_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out if out is not None else sys.stdout
+    settings = cli_settings(args)
+    updates: dict[str, Any] = {}
+    if args.nats:
+        updates["nats_url"] = args.nats
+    if args.health_port_base:
+        updates["health_port_base"] = args.health_port_base
+    if updates:
+        settings = settings.model_copy(update=updates)
+    status = asyncio.run(collect_status(settings, args.tenant))
+    if args.json:
+        print(json.dumps(status, indent=2), file=out)
+    else:
+        print_status(status, out)
+    return 0 if all_ready(status) else 1
