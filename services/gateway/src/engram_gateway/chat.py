@@ -84,13 +84,18 @@ def assistant_text(payload: dict[str, Any]) -> str:
 
 
 async def _recall_and_record(
-    state: GatewayState, scope: TurnScope, controls: MemoryControls, query: str
+    state: GatewayState,
+    scope: TurnScope,
+    controls: MemoryControls,
+    query: str,
+    messages: list[Any],
 ) -> Recall:
     """Search memory while the user turn is being persisted; 503 if it is not."""
     search = search_request(
         tenant=scope.tenant, query=query, user_id=scope.user_id, controls=controls
     )
-    recall_task = asyncio.create_task(recall(state.retrieval, search))
+    # The request's own messages are the short-term window: hits repeating them are dropped.
+    recall_task = asyncio.create_task(recall(state.retrieval, search, messages=messages))
     try:
         await state.publisher.publish(scope.event("user", query))
         return await recall_task
@@ -133,7 +138,7 @@ async def chat_completions(request: Request) -> Response:
         # Nothing to search for and nothing to record (no user text: an image only, say).
         memory = Recall(MemoryStatus.EMPTY)
     else:
-        memory = await _recall_and_record(state, scope, controls, query)
+        memory = await _recall_and_record(state, scope, controls, query, messages)
         if memory.system_message is not None and user_index is not None:
             forwarded["messages"] = inject(messages, user_index, memory.system_message)
 

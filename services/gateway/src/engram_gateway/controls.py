@@ -29,11 +29,17 @@ HEADER_FOR_FIELD: dict[str, str] = {
     "memory_recency_weight": "X-Engram-Memory-Recency-Weight",
     "memory_score_threshold": "X-Engram-Memory-Score-Threshold",
     "memory_mmr_lambda": "X-Engram-Memory-Mmr-Lambda",
+    "memory_cross_session": "X-Engram-Memory-Cross-Session",
 }
 _FIELD_FOR_HEADER = {header.lower(): name for name, header in HEADER_FOR_FIELD.items()}
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-_HEADER_TYPES = {"memory": "boolean (true/false)", "memory_top_k": "integer"}
+_BOOLEANS = ("memory", "memory_cross_session")
+_HEADER_TYPES = {
+    "memory": "boolean (true/false)",
+    "memory_cross_session": "boolean (true/false)",
+    "memory_top_k": "integer",
+}
 
 
 def _conversation_id(value: str) -> str:
@@ -61,6 +67,9 @@ class MemoryControls(BaseModel):
     memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
     memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
     memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+    # False: search only this conversation (and the tenant's global bucket), not the
+    # user's other conversations.
+    memory_cross_session: bool | None = None
 
     def with_defaults(self, settings: GatewaySettings) -> MemoryControls:
         return self.model_copy(
@@ -75,6 +84,9 @@ class MemoryControls(BaseModel):
                 ),
                 "memory_mmr_lambda": _first(
                     self.memory_mmr_lambda, settings.gateway_memory_mmr_lambda
+                ),
+                "memory_cross_session": _first(
+                    self.memory_cross_session, settings.gateway_memory_cross_session
                 ),
             }
         )
@@ -96,7 +108,7 @@ def _from_header(name: str, header: str, raw: str) -> Any:
     """Headers are strings: parse them into the type the body would carry."""
     text = raw.strip()
     try:
-        if name == "memory":
+        if name in _BOOLEANS:
             if text.lower() in _TRUE:
                 return True
             if text.lower() in _FALSE:

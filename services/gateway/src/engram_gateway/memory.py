@@ -8,6 +8,7 @@ response says so (``X-Engram-Memory: unavailable``).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -93,12 +94,41 @@ def search_request(
         request.score_threshold = controls.memory_score_threshold
     if controls.memory_mmr_lambda is not None:
         request.mmr_lambda = controls.memory_mmr_lambda
+    if controls.memory_cross_session is False:
+        # Empty scopes mean retrieval's default (conversation, user, global); naming
+        # them leaves out the user's other conversations.
+        request.scopes.extend([pb.SCOPE_CONVERSATION, pb.SCOPE_GLOBAL])
     return request
 
 
+def normalized(text: str) -> str:
+    """Whitespace collapsed, case folded: how a hit and a message are compared."""
+    return " ".join(text.split()).casefold()
+
+
+def drop_in_window(response: pb.SearchResponse, messages: Sequence[Any]) -> int:
+    """Remove the hits whose text is already a message of the request (the client's
+    history is the short-term window: re-injecting it only repeats it). Returns how many
+    were dropped."""
+    window = {normalized(message_text(m)) for m in messages}
+    window.discard("")
+    kept = [hit for hit in response.hits if normalized(hit.memory.text) not in window]
+    dropped = len(response.hits) - len(kept)
+    if dropped:
+        del response.hits[:]
+        response.hits.extend(kept)
+    return dropped
+
+
 async def recall(
-    client: RetrievalClient, request: pb.SearchRequest, *, now: datetime | None = None
+    client: RetrievalClient,
+    request: pb.SearchRequest,
+    *,
+    messages: Sequence[Any] = (),
+    now: datetime | None = None,
 ) -> Recall:
+    """Search and render. ``messages``: the request's messages; hits repeating one of
+    them are not injected (nor reported in ``memory_hits``)."""
     try:
         response = await client.search(request)
     except grpc.aio.AioRpcError as exc:
@@ -109,8 +139,9 @@ async def recall(
             retrieval=client.address,
         )
         return Recall(MemoryStatus.UNAVAILABLE)
+    dropped = drop_in_window(response, messages)
     hits = [hit_json(hit) for hit in response.hits]
-    text = render_memory(response, now=now or datetime.now(UTC))
+    text = render_memory(response, now=now or datetime.now(UTC), in_window=dropped)
     if text is None:
         return Recall(MemoryStatus.EMPTY, hits=hits)
     return Recall(MemoryStatus.USED, {"role": "system", "content": text}, hits)
@@ -179,12 +210,29 @@ def _profile_line(memory: pb.Memory) -> str:
     return f"- {' '.join(memory.text.split())}"
 
 
-def render_memory(response: pb.SearchResponse, *, now: datetime) -> str | None:
+def _hits_heading(response: pb.SearchResponse, in_window: int) -> str:
+    if response.outcome != pb.SEARCH_OUTCOME_SMALL_STORE:
+        return "Relevant memories (most relevant first):"
+    # Few memories in scope: retrieval returned all of them (up to top_k), newest first.
+    shown = len(response.hits)
+    stored = max(response.candidates_considered, shown + in_window)
+    if shown + in_window < stored:
+        return f"The {shown} newest of the {stored} stored memories:"
+    if in_window:
+        return (
+            f"All {shown} other stored memories, newest first "
+            "(the rest are already in this conversation):"
+        )
+    return f"All {shown} stored memories, newest first (there are no others):"
+
+
+def render_memory(response: pb.SearchResponse, *, now: datetime, in_window: int = 0) -> str | None:
     """The injected system message, or None when there is nothing to say.
 
     Compact and explicit: dated lines the model can weigh, the summary and profile
-    attached separately, and "nothing relevant" said out loud so the model does not
-    mistake silence for "I never knew".
+    attached separately, a small store said to be complete, and "nothing relevant" said
+    out loud so the model does not mistake silence for "I never knew". ``in_window``:
+    hits left out because the request already holds them.
     """
     has_summary = response.HasField("summary") and bool(response.summary.text.strip())
     profile = [m for m in response.profile if m.text.strip() or m.profile.key]
@@ -207,7 +255,7 @@ def render_memory(response: pb.SearchResponse, *, now: datetime) -> str | None:
     if hits:
         lines += [
             "",
-            "Relevant memories (most relevant first):",
+            _hits_heading(response, in_window),
             *(_hit_line(i, hit.memory) for i, hit in enumerate(hits, start=1)),
         ]
     elif nothing_relevant:

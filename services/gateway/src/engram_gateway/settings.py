@@ -44,6 +44,11 @@ class GatewaySettings(EngramSettings):
     gateway_memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
     gateway_memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
     gateway_memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+    gateway_memory_cross_session: bool = Field(
+        default=True,
+        description="Recall from the user's other conversations too when a request does not "
+        "say (memory_cross_session=false keeps recall to the conversation).",
+    )
 
     # API keys → tenants (see engram_gateway.keys for the format). Neither set: one
     # tenant, "default", and no authentication (local use).
