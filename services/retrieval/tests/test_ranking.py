@@ -12,6 +12,8 @@ from engram_retrieval.ranking import (
     Candidate,
     Outcome,
     RankingParams,
+    adjacent_turns,
+    context_smoothed,
     fused_similarity,
     late_fused_similarity,
     lexical_relevance,
@@ -224,3 +226,23 @@ def test_late_fused_similarity_without_signal_keeps_the_fused_score() -> None:
     )
     with pytest.raises(ValueError, match="one late score per candidate"):
         late_fused_similarity([0.6, 0.2], [0.5], 0.5)
+
+
+def test_adjacent_turns_are_found_within_the_pool_and_conversation() -> None:
+    keys = [("c1", 4), ("c1", 5), None, ("c2", 6), ("c1", 7), ("c1", 6)]
+    before, after = adjacent_turns(keys)
+    assert before.tolist() == [-1, 0, -1, -1, 5, 1]  # c2's turn 6 has no c2 neighbours
+    assert after.tolist() == [1, 5, -1, -1, -1, 4]
+
+
+def test_context_smoothed_hand_computed() -> None:
+    # s = 0.6 / 0.2 / 0.4 / 0.3 → n = 1 / 0 / 0.5 / 0.25; turn 1 sits between 0 and 2
+    before = np.array([-1, 0, -1, -1])
+    after = np.array([1, 2, -1, -1])
+    smoothed = context_smoothed([0.6, 0.2, 0.4, 0.3], before, after, 0.25)
+    # n' = (n + 0.25·m) / 1.25 with m = 0, 1, 0, 0 → 0.8, 0.2, 0.4, 0.2 → 0.2 + 0.4 n'
+    np.testing.assert_allclose(smoothed, [0.52, 0.28, 0.36, 0.28])
+    # the neighbour of the best match now ties the third-best candidate it used to trail
+    assert smoothed[1] == pytest.approx(smoothed[3])
+    np.testing.assert_allclose(context_smoothed([0.6, 0.2], before[:2], after[:2], 0.0), [0.6, 0.2])
+    np.testing.assert_allclose(context_smoothed([0.5, 0.5], before[:2], after[:2], 0.3), [0.5, 0.5])

@@ -38,7 +38,7 @@ class RankingParams:
     top_k: int = 5
     recency_weight: float = 0.02
     score_threshold: float = 0.35
-    mmr_lambda: float = 0.7
+    mmr_lambda: float = 0.9
     half_life_days: float = 30.0
     small_store_size: int = 5
     candidate_multiplier: int = 5
@@ -163,6 +163,45 @@ def late_fused_similarity(
         return base
     lo, hi = float(base.min()), float(base.max())
     return lo + (hi - lo) * ((1.0 - late_weight) * f + late_weight * l_)
+
+
+def adjacent_turns(keys: Sequence[tuple[str, int] | None]) -> tuple[np.ndarray, np.ndarray]:
+    """For each candidate, the position of the candidate that is the previous and the
+    next turn of the same conversation (``keys`` = (conversation, turn_index), None for
+    non-turns), or -1 when that turn is not in the pool."""
+    where = {key: i for i, key in enumerate(keys) if key is not None}
+    before = np.full(len(keys), -1, dtype=np.int64)
+    after = np.full(len(keys), -1, dtype=np.int64)
+    for i, key in enumerate(keys):
+        if key is not None:
+            before[i] = where.get((key[0], key[1] - 1), -1)
+            after[i] = where.get((key[0], key[1] + 1), -1)
+    return before, after
+
+
+def context_smoothed(
+    scores: Sequence[float] | np.ndarray,
+    before: np.ndarray,
+    after: np.ndarray,
+    context_weight: float,
+) -> np.ndarray:
+    """Scores raised by the better of a turn's neighbours, in the same units.
+
+    A turn right before or after a strong match is often the other half of the
+    exchange (the question it answers, the answer it prompted). With ``n = minmax(s)``
+    over the pool and ``m`` = the larger of the two neighbours' ``n`` (0 when neither is
+    in the pool), ``n' = (n + c·m) / (1 + c)``, mapped back onto the pool's range of
+    ``s``; the best candidate keeps its score only if nothing outranks it. A flat pool
+    or ``c = 0`` returns ``s`` unchanged.
+    """
+    base = np.asarray(scores, dtype=np.float64)
+    n = minmax(base)
+    if n is None or context_weight <= 0.0:
+        return base
+    padded = np.append(n, 0.0)  # index -1 reads the 0 appended here
+    neighbour = np.maximum(padded[before], padded[after])
+    lo, hi = float(base.min()), float(base.max())
+    return lo + (hi - lo) * (n + context_weight * neighbour) / (1.0 + context_weight)
 
 
 def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:

@@ -16,7 +16,15 @@ from typing import Protocol
 import numpy as np
 
 from engram_retrieval.embedder import create_session, encodings_to_inputs
-from engram_retrieval.ranking import fused_similarity, late_fused_similarity, sigmoid
+from engram_retrieval.ranking import (
+    context_smoothed,
+    fused_similarity,
+    late_fused_similarity,
+    sigmoid,
+)
+
+# Positions of each candidate's previous and next turn in the pool (-1: not there).
+Adjacency = tuple[np.ndarray, np.ndarray]
 
 
 class RelevanceScorer(Protocol):
@@ -31,10 +39,12 @@ class RelevanceScorer(Protocol):
         dense: np.ndarray,
         sparse: Sequence[float | None] | None = None,
         late: Sequence[float | None] | None = None,
+        adjacency: Adjacency | None = None,
     ) -> np.ndarray:
         """Relevance in [0, 1] per text; ``dense`` is each text's cosine to the query,
         ``sparse`` its BM25 score when the lexical source returned it (hybrid only),
-        ``late`` its mean MaxSim over the query's tokens (when the store has them)."""
+        ``late`` its mean MaxSim over the query's tokens (when the store has them),
+        ``adjacency`` where its neighbouring turns are in the pool."""
         ...
 
 
@@ -73,6 +83,7 @@ class CalibratedSimilarityScorer:
     # Both tuned on LoCoMo's development half (docs/benchmarks.md).
     LEXICAL_WEIGHT = 0.5
     LATE_WEIGHT = 0.85
+    CONTEXT_WEIGHT = 0.2
 
     def __init__(
         self,
@@ -80,11 +91,13 @@ class CalibratedSimilarityScorer:
         midpoint: float = MIDPOINT,
         lexical_weight: float = LEXICAL_WEIGHT,
         late_weight: float = LATE_WEIGHT,
+        context_weight: float = CONTEXT_WEIGHT,
     ) -> None:
         self.slope = slope
         self.midpoint = midpoint
         self.lexical_weight = lexical_weight
         self.late_weight = late_weight
+        self.context_weight = context_weight
 
     def score(
         self,
@@ -93,16 +106,21 @@ class CalibratedSimilarityScorer:
         dense: np.ndarray,
         sparse: Sequence[float | None] | None = None,
         late: Sequence[float | None] | None = None,
+        adjacency: Adjacency | None = None,
     ) -> np.ndarray:
         """``sigmoid(a·(x - b))`` where ``x`` is the cosine, or with BM25 scores the
         pool's fused similarity (:func:`~engram_retrieval.ranking.fused_similarity`),
         blended with MaxSim when given
-        (:func:`~engram_retrieval.ranking.late_fused_similarity`)."""
+        (:func:`~engram_retrieval.ranking.late_fused_similarity`), then raised by
+        strong neighbouring turns (:func:`~engram_retrieval.ranking.context_smoothed`).
+        Each step stays on the pool's cosine range, so the calibration holds."""
         x = np.asarray(dense, dtype=np.float64)
         if sparse is not None and self.lexical_weight > 0.0:
             x = fused_similarity(x, sparse, self.lexical_weight)
         if late is not None and self.late_weight > 0.0:
             x = late_fused_similarity(x, late, self.late_weight)
+        if adjacency is not None and self.context_weight > 0.0:
+            x = context_smoothed(x, *adjacency, self.context_weight)
         return sigmoid(self.slope * (x - self.midpoint))
 
 
@@ -161,6 +179,7 @@ class CrossEncoderScorer:
         dense: np.ndarray,
         sparse: Sequence[float | None] | None = None,
         late: Sequence[float | None] | None = None,
+        adjacency: Adjacency | None = None,
     ) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float64)

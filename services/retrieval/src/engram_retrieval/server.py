@@ -50,6 +50,7 @@ def load_scorer(settings: RetrievalSettings) -> RelevanceScorer:
         return CalibratedSimilarityScorer(
             lexical_weight=settings.search_lexical_weight,
             late_weight=settings.search_late_weight,
+            context_weight=settings.search_context_weight,
         )
     return CrossEncoderScorer(
         settings.reranker_path,

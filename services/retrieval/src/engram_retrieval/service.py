@@ -41,6 +41,7 @@ from engram_retrieval.ranking import (
     Candidate,
     Outcome,
     RankingParams,
+    adjacent_turns,
     lexical_relevance,
     merge_pools,
     pools_complete,
@@ -324,8 +325,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 texts = [c.text for c in candidates]
                 sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
                 late = await self._late_scores(tenant, encoded.tokens, candidates)
+                adjacency = adjacent_turns([_turn_position(c) for c in candidates])
                 relevance = await asyncio.to_thread(
-                    self.scorer.score, request.query, texts, dense, sparse, late
+                    self.scorer.score, request.query, texts, dense, sparse, late, adjacency
                 )
                 span.set_attribute("engram.late_interaction", late is not None)
             timings.rerank_ms = _ms(t)
@@ -594,6 +596,13 @@ def _candidate(point: StoredPoint, scope: str) -> Candidate:
         text=point.payload.get("text") or memory_text(payload_to_memory(point.id, point.payload)),
         payload=point,
     )
+
+
+def _turn_position(candidate: Candidate) -> tuple[str, int] | None:
+    payload = candidate.payload.payload
+    if payload.get("kind") != "turn":
+        return None
+    return (str(payload.get("conversation_id", "")), int(payload.get("turn_index") or 0))
 
 
 def _ms(started: float) -> float:

@@ -94,7 +94,8 @@ CONFIGS = {
         ),
         Config(
             "default",
-            "the service as configured (defaults: hybrid + MaxSim, recency weight 0.02, MMR λ 0.7)",
+            "the service as configured (defaults: hybrid + MaxSim + neighbouring turns, recency "
+            "weight 0.02, MMR λ 0.9)",
         ),
     )
 }
