@@ -15,12 +15,19 @@ from contextlib import asynccontextmanager
 
 import nats
 from faststream.nats import NatsBroker, PubAck, StorageType, StreamConfig
-from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, ConsumerInfo, RetentionPolicy
 from nats.js.errors import NotFoundError
 
-from engram_core.events import DUPLICATE_WINDOW_S, STREAM_NAME, STREAM_SUBJECTS, Event
+from engram_core import metrics, semconv
+from engram_core.events import (
+    DUPLICATE_WINDOW_S,
+    STREAM_NAME,
+    STREAM_SUBJECTS,
+    Event,
+    MemoryChanged,
+)
+from engram_core.messaging_telemetry import NatsTracingMiddleware
 
 PUBLISH_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -113,7 +120,8 @@ async def ensure_consumer(nats_url: str, config: ConsumerConfig) -> ConsumerInfo
 def make_broker(
     nats_url: str, *, client_name: str, graceful_timeout: float | None = None
 ) -> NatsBroker:
-    """A FastStream NATS broker with OpenTelemetry context propagation on publish/consume.
+    """A FastStream NATS broker with trace context propagation on publish/consume
+    (:class:`~engram_core.messaging_telemetry.NatsTracingMiddleware`).
 
     ``graceful_timeout``: on stop, wait up to this long for in-flight handlers to finish
     (consumers set it; a publisher-only process does not need it).
@@ -125,7 +133,7 @@ def make_broker(
     return NatsBroker(
         nats_servers(nats_url),
         name=client_name,
-        middlewares=[NatsTelemetryMiddleware()],
+        middlewares=[NatsTracingMiddleware],
         graceful_timeout=graceful_timeout,
         # A long-running service must survive a NATS restart of any length: keep
         # reconnecting (readiness reports the outage meanwhile) instead of giving up.
@@ -138,11 +146,21 @@ def make_broker(
 async def publish_event(
     broker: NatsBroker, event: Event, *, headers: Mapping[str, str] | None = None
 ) -> PubAck:
-    """Publish and wait for the JetStream ack ("persisted" means acknowledged)."""
-    return await broker.publish(
+    """Publish and wait for the JetStream ack ("persisted" means acknowledged).
+
+    An acknowledged :class:`MemoryChanged` counts in ``engram.memories.changed`` (by the
+    memory's kind and the op): counted where changes are announced, so every producer
+    (workers and the gateway's memory API) is covered once, whoever consumes them.
+    """
+    ack = await broker.publish(
         event.model_dump(mode="json"),
         subject=event.subject,
         headers={**(headers or {}), "Nats-Msg-Id": event.event_id},
         stream=STREAM_NAME,
         timeout=PUBLISH_TIMEOUT_S,
     )
+    if isinstance(event, MemoryChanged) and not getattr(ack, "duplicate", False):
+        metrics.memories_changed.add(
+            1, {semconv.ENGRAM_MEMORY_KIND: event.memory.kind, semconv.ENGRAM_MEMORY_OP: event.op}
+        )
+    return ack

@@ -1,8 +1,9 @@
-"""One call that gives a process its logs and traces under one service name."""
+"""One call that gives a process its logs, traces and metrics under one service name."""
 
 from __future__ import annotations
 
-from engram_core.logging import configure_logging
+from engram_core.logging import configure_logging, get_logger
+from engram_core.metrics import serve_metrics
 from engram_core.settings import EngramSettings
 from engram_core.telemetry import Telemetry, setup_telemetry
 
@@ -14,4 +15,10 @@ def setup_observability(service_name: str, settings: EngramSettings) -> Telemetr
     leads straight to the trace. ``OTEL_SERVICE_NAME`` still overrides the span name.
     """
     configure_logging(service_name, settings.log_level, settings.log_format)
-    return setup_telemetry(service_name, settings.traces_file)
+    telemetry = setup_telemetry(service_name, settings.traces_file)
+    if settings.metrics_port:
+        serve_metrics(settings.metrics_host, settings.metrics_port)
+        get_logger(__name__).info(
+            "metrics.listening", host=settings.metrics_host, port=settings.metrics_port
+        )
+    return telemetry

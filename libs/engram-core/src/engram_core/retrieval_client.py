@@ -9,9 +9,18 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engram_core import metrics, semconv
 from engram_core.proto import pb, pb_grpc
 
 SERVICE_NAME = "engram.memory.v1.MemoryService"
+#: SearchResponse.timings field → the ``engram.search.stage`` attribute value.
+SEARCH_STAGES = (
+    ("embed", "embed_ms"),
+    ("candidates", "candidates_ms"),
+    ("rerank", "rerank_ms"),
+    ("mmr", "mmr_ms"),
+    ("total", "total_ms"),
+)
 
 
 class RetrievalClient:
@@ -29,7 +38,11 @@ class RetrievalClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     async def search(self, request: pb.SearchRequest) -> pb.SearchResponse:
-        return await self.stub.Search(request, timeout=self.timeout_s)
+        """Search; the stage timings the service reports go to
+        ``engram.search.stage.duration`` (recorded by every caller, in its process)."""
+        reply = await self.stub.Search(request, timeout=self.timeout_s)
+        record_search_timings(reply.timings)
+        return reply
 
     async def upsert(self, request: pb.UpsertRequest) -> pb.UpsertResponse:
         return await self.stub.Upsert(request, timeout=self.timeout_s * 6)
@@ -58,3 +71,12 @@ class RetrievalClient:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+def record_search_timings(timings: pb.StageTimings) -> None:
+    if not timings.total_ms:  # a service (or a test fake) that does not report timings
+        return
+    for stage, field in SEARCH_STAGES:
+        metrics.search_stage_duration.record(
+            getattr(timings, field) / 1e3, {semconv.ENGRAM_SEARCH_STAGE: stage}
+        )

@@ -44,6 +44,17 @@ class EngramSettings(BaseSettings):
         default=None,
         description="Also write finished spans as JSON lines here (local debugging, tests).",
     )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Serve Prometheus /metrics on this port (0: off). For processes without "
+        "an HTTP port of their own (retrieval); the gateway and workers also serve /metrics "
+        "on their HTTP/health port.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Bind address of ENGRAM_METRICS_PORT (0.0.0.0 in a pod)."
+    )
 
     @field_validator("log_level", mode="before")
     @classmethod

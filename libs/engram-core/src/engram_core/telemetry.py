@@ -5,6 +5,7 @@ The tracer provider is configured from the standard ``OTEL_*`` variables
 OTLP exporter is added when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces-specific
 variable) is set, and a JSON-lines file exporter when ``ENGRAM_TRACES_FILE`` is.
 Set-up errors are not swallowed: a broken exporter configuration stops the service.
+The same resource (service name) is given to the meter provider (:mod:`engram_core.metrics`).
 
 gRPC instrumentation patches channel/server construction, so call
 :func:`instrument_grpc_client` / :func:`instrument_grpc_server` before creating any.
@@ -20,14 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     SimpleSpanProcessor,
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.trace import SpanKind
+
+from engram_core import metrics, semconv
+from engram_core.metrics import setup_metrics
 
 _OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
@@ -74,19 +80,61 @@ def _jsonable(value: object) -> object:
     return list(value) if isinstance(value, tuple) else value
 
 
+class RpcMetricsSpanProcessor(SpanProcessor):
+    """Records ``rpc.server.call.duration`` / ``rpc.client.call.duration`` from the gRPC
+    instrumentation's finished spans (it emits no metrics of its own), so every gRPC
+    call has a latency metric without a second interceptor."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        attributes = span.attributes or {}
+        if attributes.get(semconv.RPC_SYSTEM) != "grpc" or span.end_time is None:
+            return
+        if span.kind is SpanKind.SERVER:
+            histogram = metrics.rpc_server_duration
+        elif span.kind is SpanKind.CLIENT:
+            histogram = metrics.rpc_client_duration
+        else:
+            return
+        histogram.record(
+            (span.end_time - (span.start_time or span.end_time)) / 1e9,
+            {
+                key: attributes[key]
+                for key in (
+                    semconv.RPC_SYSTEM,
+                    semconv.RPC_SERVICE,
+                    semconv.RPC_METHOD,
+                    semconv.RPC_GRPC_STATUS_CODE,
+                )
+                if key in attributes
+            },
+        )
+
+
 @dataclass
 class Telemetry:
     provider: TracerProvider
+    meter_provider: MeterProvider
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+        self.meter_provider.shutdown()
+
+
+def prefer_stable_semconv() -> None:
+    """Use the stable HTTP semantic conventions (``http.server.request.duration`` in
+    seconds, ``http.request.method``, ...) unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` says
+    otherwise. Must run before the first instrumentor is installed (any of them reads
+    the variable, once per process)."""
+    os.environ.setdefault("OTEL_SEMCONV_STABILITY_OPT_IN", "http")
 
 
 def setup_telemetry(service_name: str, traces_file: Path | None = None) -> Telemetry:
-    """Install the global tracer provider for this process."""
+    """Install the global tracer and meter providers for this process."""
+    prefer_stable_semconv()
     attributes = {SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name}
     resource = Resource.create(attributes)
     provider = TracerProvider(resource=resource)
+    provider.add_span_processor(RpcMetricsSpanProcessor())
     if any(os.environ.get(var) for var in _OTLP_ENDPOINT_VARS):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -94,12 +142,13 @@ def setup_telemetry(service_name: str, traces_file: Path | None = None) -> Telem
     if traces_file is not None:
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(traces_file)))
     trace.set_tracer_provider(provider)
-    return Telemetry(provider=provider)
+    return Telemetry(provider=provider, meter_provider=setup_metrics(resource))
 
 
 def instrument_grpc_client() -> None:
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
 
+    prefer_stable_semconv()  # any instrumentor's first instrument() fixes the choice
     instrumentor = GrpcAioInstrumentorClient()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument()
@@ -108,6 +157,7 @@ def instrument_grpc_client() -> None:
 def instrument_grpc_server() -> None:
     from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer
 
+    prefer_stable_semconv()
     instrumentor = GrpcAioInstrumentorServer()
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument()

@@ -1,0 +1,91 @@
+"""Trace context across JetStream, with messaging semantic conventions.
+
+FastStream ships an OpenTelemetry middleware, but it puts a zero-length ``create``
+span between the producer and the consumer (so a ``process`` span's parent is not the
+``publish`` span) and still sets the deprecated ``messaging.operation``. This one is
+what the conventions describe for single-message sends:
+
+- ``publish <subject>`` (PRODUCER) around the JetStream publish, its context injected
+  into the message headers as W3C ``traceparent``/``tracestate``;
+- ``process <subject>`` (CONSUMER) around the handler, a child of that publish span,
+  current while the handler runs (so its log lines, RPCs and publishes join the trace).
+
+Both carry ``messaging.system=nats``, ``messaging.destination.name`` (the subject),
+``messaging.operation.type`` (``send``/``process``), ``messaging.operation.name``
+(``publish``/``process``) and ``messaging.message.id`` (the ``Nats-Msg-Id`` header:
+Engram's ``event_id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faststream import BaseMiddleware
+from faststream.message import StreamMessage
+from faststream.nats.response import NatsPublishCommand
+from nats.errors import NotJSMessageError
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
+
+from engram_core import semconv
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+_tracer = trace.get_tracer("engram.messaging")
+
+
+def _base_attributes(subject: str, message_id: str | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        semconv.MESSAGING_SYSTEM: semconv.MESSAGING_SYSTEM_NATS,
+        semconv.MESSAGING_DESTINATION_NAME: subject,
+    }
+    if message_id:
+        attributes[semconv.MESSAGING_MESSAGE_ID] = message_id
+    return attributes
+
+
+class NatsTracingMiddleware(BaseMiddleware):
+    """FastStream broker middleware (pass the class in ``middlewares=``)."""
+
+    async def publish_scope(
+        self, call_next: Callable[[Any], Awaitable[Any]], cmd: NatsPublishCommand
+    ) -> Any:
+        subject = cmd.destination
+        attributes = _base_attributes(subject, cmd.headers.get(MSG_ID_HEADER))
+        attributes[semconv.MESSAGING_OPERATION_TYPE] = semconv.MESSAGING_OPERATION_SEND
+        attributes[semconv.MESSAGING_OPERATION_NAME] = "publish"
+        with _tracer.start_as_current_span(
+            f"publish {subject}", kind=SpanKind.PRODUCER, attributes=attributes
+        ):
+            # The consumer's span becomes a child of this one, in whatever process.
+            propagate.inject(cmd.headers)
+            return await call_next(cmd)
+
+    async def consume_scope(
+        self, call_next: Callable[[Any], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        raw = msg.raw_message
+        subject = getattr(raw, "subject", "") or ""
+        headers = msg.headers or {}
+        attributes = _base_attributes(subject, headers.get(MSG_ID_HEADER))
+        attributes[semconv.MESSAGING_OPERATION_TYPE] = semconv.MESSAGING_OPERATION_PROCESS
+        attributes[semconv.MESSAGING_OPERATION_NAME] = "process"
+        attributes[semconv.MESSAGING_MESSAGE_BODY_SIZE] = len(msg.body or b"")
+        try:
+            metadata = raw.metadata
+        except NotJSMessageError:  # a core NATS message: no consumer, no delivery count
+            metadata = None
+        if metadata is not None:
+            attributes[semconv.MESSAGING_CONSUMER_GROUP_NAME] = metadata.consumer or ""
+            attributes[semconv.MESSAGING_DELIVERY_COUNT] = metadata.num_delivered or 1
+        parent = propagate.extract(headers)
+        with _tracer.start_as_current_span(
+            f"process {subject}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes=attributes,
+            record_exception=True,
+            set_status_on_exception=True,
+        ):
+            return await call_next(msg)
