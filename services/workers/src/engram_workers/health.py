@@ -1,9 +1,9 @@
-"""A tiny HTTP health endpoint for a worker process: ``/healthz`` and ``/readyz``.
+"""A tiny HTTP endpoint for a worker process: ``/healthz``, ``/readyz`` and ``/metrics``.
 
 Workers have no HTTP API, and pulling in an ASGI server for two probe routes would
 also bring its own signal handling and shutdown loop. This answers ``GET`` with a
-small JSON body and closes the connection; that is all a kubelet or a load balancer
-asks of it.
+small body and closes the connection; that is all a kubelet, a load balancer or a
+Prometheus scrape asks of it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ log = get_logger(__name__)
 
 #: Returns the state of each dependency; the process is ready when all are true.
 ReadinessCheck = Callable[[], Awaitable[Mapping[str, bool]]]
+#: Returns the ``/metrics`` body and its content type.
+MetricsSource = Callable[[], Awaitable[tuple[bytes, str]]]
 
 _REQUEST_TIMEOUT_S = 5.0
 _MAX_REQUEST_BYTES = 8192
@@ -26,12 +28,20 @@ _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Servic
 
 
 class HealthServer:
-    """``/healthz``: the process is alive. ``/readyz``: every readiness check passes."""
+    """``/healthz``: the process is alive. ``/readyz``: every readiness check passes.
+    ``/metrics``: Prometheus text, when a metrics source is given."""
 
-    def __init__(self, host: str, port: int, readiness: ReadinessCheck) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        readiness: ReadinessCheck,
+        metrics: MetricsSource | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self._readiness = readiness
+        self._metrics = metrics
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -51,14 +61,18 @@ class HealthServer:
             if len(head) > _MAX_REQUEST_BYTES:
                 raise ValueError("request head too large")
             method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
-            status, body = await self._respond(method, target.split("?", 1)[0])
+            path = target.split("?", 1)[0]
+            if path == "/metrics" and self._metrics is not None and method == "GET":
+                status, (payload, content_type) = 200, await self._metrics()
+            else:
+                status, body = await self._respond(method, path)
+                payload, content_type = json.dumps(body).encode(), "application/json"
         except (TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             writer.close()
             return
-        payload = json.dumps(body).encode()
         writer.write(
             f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-            "Content-Type: application/json\r\n"
+            f"Content-Type: {content_type}\r\n"
             f"Content-Length: {len(payload)}\r\n"
             "Connection: close\r\n\r\n".encode("latin-1")
             + payload

@@ -22,14 +22,12 @@ import re
 from typing import Any, Literal, TypeVar
 
 import openai
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
+from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
 
 log = get_logger(__name__)
-tracer = trace.get_tracer("engram.workers.llm")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -169,11 +167,7 @@ class LlmClient:
             }
         elif mode == "json_object":
             extra["response_format"] = {"type": "json_object"}
-        with tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT) as span:
-            span.set_attribute("gen_ai.operation.name", "chat")
-            span.set_attribute("gen_ai.system", "openai")
-            span.set_attribute("gen_ai.request.model", model)
-            span.set_attribute("engram.llm.task", task)
+        with LlmCall(model, task=task) as call:
             try:
                 reply = await self._client.chat.completions.create(
                     model=model,
@@ -182,6 +176,7 @@ class LlmClient:
                     **extra,  # type: ignore[arg-type]
                 )
             except openai.BadRequestError as exc:
+                call.fail("400", "bad request")
                 if (
                     self.json_mode == "auto"
                     and not self._schema_rejected
@@ -190,7 +185,6 @@ class LlmClient:
                     log.info("llm.json_schema_unsupported", model=model)
                     self._schema_rejected = True
                     return await self._complete(task, model, messages, schema)
-                span.set_status(Status(StatusCode.ERROR, "bad request"))
                 raise LlmRequestError(f"{task}: upstream refused the request: {exc}") from exc
             except (
                 openai.RateLimitError,
@@ -198,17 +192,22 @@ class LlmClient:
                 openai.APITimeoutError,
                 openai.APIConnectionError,
             ) as exc:
-                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                call.fail(_error_type(exc))
                 raise LlmUnavailable(f"{task}: {type(exc).__name__}: {exc}") from exc
             except openai.APIStatusError as exc:
-                span.set_status(Status(StatusCode.ERROR, str(exc.status_code)))
+                call.fail(str(exc.status_code))
                 if exc.status_code >= 500:
                     raise LlmUnavailable(f"{task}: upstream {exc.status_code}") from exc
                 raise LlmRequestError(f"{task}: upstream {exc.status_code}: {exc}") from exc
             if reply.usage is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", reply.usage.prompt_tokens)
-                span.set_attribute("gen_ai.usage.output_tokens", reply.usage.completion_tokens)
-            span.set_attribute("gen_ai.response.model", reply.model or model)
+                call.record_usage(reply.usage.prompt_tokens, reply.usage.completion_tokens)
+            call.record_usage(None, None, reply.model or model)
             if not reply.choices:
                 return ""
             return reply.choices[0].message.content or ""
+
+
+def _error_type(exc: openai.APIError) -> str:
+    """The HTTP status when there was an answer, else the kind of failure (error.type)."""
+    status = getattr(exc, "status_code", None)
+    return str(status) if status else type(exc).__name__

@@ -13,7 +13,10 @@ owns everything else:
   terminated, so nothing is redelivered forever nor dropped silently;
 - per-message log context (``event_id``, ``tenant``, ``conversation_id``; trace ids
   come from the consumer span that continues the publisher's trace);
-- the retrieval gRPC client, a ``/healthz`` + ``/readyz`` endpoint, and a clean
+- metrics: events processed/redelivered/dead-lettered by worker and subject, and the
+  consumer's pending count (``engram.consumer.pending``, refreshed every
+  ``metrics_refresh_s`` and on every scrape);
+- the retrieval gRPC client, a ``/healthz`` + ``/readyz`` + ``/metrics`` endpoint, and a clean
   SIGTERM/SIGINT shutdown (stop fetching, let in-flight handlers finish, drain the
   connection, close clients, flush spans).
 """
@@ -24,6 +27,7 @@ import asyncio
 import json
 import signal
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -39,10 +43,12 @@ from nats.js.api import AckPolicy as ConsumerAckPolicy
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Status, StatusCode
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import NoDecode
 
+from engram_core import metrics, semconv
 from engram_core.bus import (
     PUBLISH_TIMEOUT_S,
     ensure_consumer,
@@ -81,6 +87,26 @@ E = TypeVar("E", bound=Event)
 #: handler runs, instead of the server giving up on the message silently.
 SERVER_MAX_DELIVER_MARGIN = 2
 
+#: Workers alive in this process (tests run several), for the pending gauge's callback.
+_live_workers: weakref.WeakSet[Worker[Any]] = weakref.WeakSet()
+
+
+def _observe_pending(_: CallbackOptions) -> list[Observation]:
+    return [
+        Observation(worker.pending, {semconv.ENGRAM_WORKER: worker.spec.name})
+        for worker in list(_live_workers)
+        if worker.pending is not None
+    ]
+
+
+metrics.meter.create_observable_gauge(
+    semconv.METRIC_CONSUMER_PENDING,
+    callbacks=[_observe_pending],
+    unit="{message}",
+    description="Messages on the worker's subject not yet delivered to its durable consumer "
+    "(JetStream num_pending).",
+)
+
 
 class WorkerSettings(EngramSettings):
     """Variables every worker understands (each worker subclasses it)."""
@@ -114,6 +140,12 @@ class WorkerSettings(EngramSettings):
     )
     health_port: int = Field(
         default=0, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+    )
+    metrics_refresh_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="How often the consumer's pending count (engram.consumer.pending) is "
+        "read from JetStream; a /metrics scrape also refreshes it.",
     )
     shutdown_grace_s: float = Field(
         default=20.0,
@@ -247,8 +279,13 @@ class Worker(Generic[E]):
         self._resources_stack = AsyncExitStack()
         self.resources: Any = None
         self._consuming = False
+        #: The durable consumer's num_pending at the last refresh (None: not read yet).
+        self.pending: int | None = None
+        self._pending_task: asyncio.Task[None] | None = None
         self.health = (
-            HealthServer(settings.health_host, settings.health_port, self.readiness)
+            HealthServer(
+                settings.health_host, settings.health_port, self.readiness, self.metrics_text
+            )
             if settings.health_port
             else None
         )
@@ -315,6 +352,30 @@ class Worker(Generic[E]):
             checks["retrieval"] = serving
         return checks
 
+    async def refresh_pending(self) -> None:
+        """Read the consumer's pending count from JetStream (lag, for the gauge)."""
+        try:
+            info = await self.broker.connection.jetstream().consumer_info(
+                STREAM_NAME, self.spec.name, timeout=1.0
+            )
+        except Exception as exc:  # NATS away: keep the last value, readiness tells the rest
+            log.debug("consumer.pending_unavailable", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.pending = info.num_pending
+
+    async def metrics_text(self) -> tuple[bytes, str]:
+        """The ``/metrics`` body: this process's metrics, with a fresh pending count."""
+        if self._consuming:
+            with suppress_instrumentation():
+                await self.refresh_pending()
+        return metrics.prometheus_exposition()
+
+    async def _refresh_pending_forever(self) -> None:
+        while True:
+            with suppress_instrumentation():
+                await self.refresh_pending()
+            await asyncio.sleep(self.settings.metrics_refresh_s)
+
     async def _on_startup(self) -> None:
         # Alive (and saying why it is not ready) while waiting on NATS and the stream.
         if self.health is not None:
@@ -338,12 +399,20 @@ class Worker(Generic[E]):
 
     async def _after_startup(self) -> None:
         self._consuming = True
+        _live_workers.add(self)
+        self._pending_task = asyncio.create_task(self._refresh_pending_forever())
         log.info(
             "worker.started", worker=self.spec.name, concurrency=self.settings.worker_concurrency
         )
 
     async def _on_shutdown(self) -> None:
         self._consuming = False
+        _live_workers.discard(self)
+        if self._pending_task is not None:
+            self._pending_task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._pending_task
+            self._pending_task = None
 
     async def _after_shutdown(self) -> None:
         # The broker has stopped (in-flight handlers done, connection drained).
@@ -376,7 +445,11 @@ class Worker(Generic[E]):
         meta = message.raw_message.metadata
         attempt = meta.num_delivered or 1
         span = trace.get_current_span()
-        span.set_attributes({"engram.worker": self.spec.name, "engram.delivery": attempt})
+        span.set_attributes(
+            {semconv.ENGRAM_WORKER: self.spec.name, semconv.ENGRAM_DELIVERY: attempt}
+        )
+        if attempt > 1:
+            metrics.events_redelivered.add(1, self._metric_attributes(message))
         with structlog.contextvars.bound_contextvars(
             worker=self.spec.name, attempt=attempt, stream_seq=meta.sequence.stream
         ):
@@ -387,7 +460,9 @@ class Worker(Generic[E]):
                     message, attempt, f"malformed event: {describe_validation_error(exc)}"
                 )
                 return
-            span.set_attributes({"engram.event_id": event.event_id, "engram.tenant": event.tenant})
+            span.set_attributes(
+                {semconv.ENGRAM_EVENT_ID: event.event_id, semconv.ENGRAM_TENANT: event.tenant}
+            )
             with structlog.contextvars.bound_contextvars(
                 event_id=event.event_id,
                 tenant=event.tenant,
@@ -420,6 +495,7 @@ class Worker(Generic[E]):
             await self._retry_or_dead_letter(message, attempt, exc)
             return
         await message.ack()
+        metrics.events_processed.add(1, self._metric_attributes(message))
         log.debug("message.acked", duration_ms=round((time.perf_counter() - started) * 1e3, 1))
 
     async def _retry_or_dead_letter(
@@ -469,7 +545,14 @@ class Worker(Generic[E]):
             await message.nack(delay=retry_delay(self.settings.retry_backoff_s, attempt))
             return
         await message.reject()  # term: never redelivered
+        metrics.events_dead_lettered.add(1, self._metric_attributes(message))
         log.error("message.dead_lettered", reason=reason, dlq_subject=self.dlq_subject)
+
+    def _metric_attributes(self, message: NatsMessage) -> dict[str, str]:
+        return {
+            semconv.ENGRAM_WORKER: self.spec.name,
+            semconv.MESSAGING_DESTINATION_NAME: message.raw_message.subject,
+        }
 
     @asynccontextmanager
     async def _keep_in_progress(self, message: NatsMessage) -> AsyncIterator[None]:
