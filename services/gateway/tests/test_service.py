@@ -13,13 +13,16 @@ from typing import Any
 
 import httpx2
 import pytest
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engram_cli.nats_server import free_port
+from engram_core.metrics import setup_metrics
 from engram_testing.upstream import RecordedRequest, ScriptedUpstream
 
 CHAT = "/v1/chat/completions"
@@ -145,7 +148,7 @@ async def test_pass_through_to_an_unreachable_upstream_is_502(start_gateway: Any
 # --- tracing -------------------------------------------------------------------------
 
 
-async def test_upstream_call_is_a_child_of_the_request_span(gateway: Any) -> None:
+async def test_upstream_call_is_a_gen_ai_span_under_the_request_span(gateway: Any) -> None:
     client = gateway.client()
     response = await client.post(
         CHAT, json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -160,8 +163,49 @@ async def test_upstream_call_is_a_child_of_the_request_span(gateway: Any) -> Non
         and "chat/completions"
         in str(s.attributes.get("url.full", "") or s.attributes.get("http.url", ""))
     ]
+    (chat,) = [s for s in spans if s.name == "chat m"]
+    assert chat.kind is SpanKind.CLIENT and chat.attributes is not None
+    assert chat.attributes["gen_ai.operation.name"] == "chat"
+    assert chat.attributes["gen_ai.request.model"] == "m"
+    assert chat.attributes["gen_ai.provider.name"] == "openai"
+    assert chat.attributes["engram.llm.task"] == "chat"
     assert upstream.context.trace_id == server.context.trace_id
-    assert upstream.parent is not None and upstream.parent.span_id == server.context.span_id
+    assert chat.parent is not None and chat.parent.span_id == server.context.span_id
+    assert upstream.parent is not None and upstream.parent.span_id == chat.context.span_id
+
+
+# --- metrics -------------------------------------------------------------------------
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+async def test_metrics_show_request_duration_and_the_llm_call(gateway: Any) -> None:
+    setup_metrics(Resource.create({"service.name": "engram-gateway-test"}))
+    client = gateway.client()
+    response = await client.post(
+        CHAT, json={"model": "metrics-model", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert response.status_code == 200
+    scrape = await client.get("/metrics")  # no API key needed, not traced
+    assert scrape.status_code == 200
+    assert scrape.headers["content-type"].startswith("text/plain")
+    text = scrape.text
+    requests = samples(text, "http_server_request_duration_seconds_count")
+    assert any(
+        labels.get("http_route") == CHAT and labels.get("http_response_status_code") == "200"
+        for labels, value in requests
+        if value >= 1
+    ), requests
+    calls = samples(text, "gen_ai_client_operation_duration_seconds_count")
+    assert any(labels.get("gen_ai_request_model") == "metrics-model" for labels, _ in calls)
+    assert not [s for s in gateway.spans.get_finished_spans() if "/metrics" in s.name]
 
 
 # --- the console script --------------------------------------------------------------

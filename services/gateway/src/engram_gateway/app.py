@@ -14,13 +14,13 @@ from fastapi.openapi.utils import get_openapi
 from faststream.nats import NatsBroker
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
-from opentelemetry.trace import TracerProvider
+from opentelemetry.trace import TracerProvider, get_tracer
 
 from engram_core.bus import ensure_stream, make_broker
 from engram_core.event_status import EventStatusStore
 from engram_core.logging import get_logger
 from engram_core.retrieval_client import RetrievalClient
-from engram_core.telemetry import instrument_grpc_client
+from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
 from engram_gateway import chat, health, memory_api, passthrough
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
@@ -86,6 +86,7 @@ def create_app(
                 publisher=publisher,
                 upstream=Upstream(settings, http, llm),
                 statuses=statuses,
+                tracer=get_tracer("engram.gateway", tracer_provider=tracer_provider),
             )
             if keys is None:
                 log.warning(
@@ -113,6 +114,7 @@ def create_app(
         openapi_url="/openapi.json",
     )
     install_error_handlers(app)
+    prefer_stable_semconv()  # before the first HTTP instrumentation reads it
     app.add_middleware(
         BodyLimitMiddleware, limit=settings.gateway_max_body_bytes, prefixes=MEMORY_API_PREFIXES
     )
@@ -123,7 +125,11 @@ def create_app(
     app.include_router(memory_api.router)
     app.include_router(passthrough.router)  # last: it catches every other /v1 path
     FastAPIInstrumentor.instrument_app(
-        app, tracer_provider=tracer_provider, excluded_urls="/healthz,/readyz"
+        app,
+        tracer_provider=tracer_provider,
+        excluded_urls="/healthz,/readyz,/metrics",
+        # Not one span per ASGI message of every request and streamed chunk.
+        exclude_spans=["receive", "send"],
     )
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

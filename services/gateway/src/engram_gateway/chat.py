@@ -18,8 +18,11 @@ from typing import Any
 
 import httpx2
 from fastapi import APIRouter, Request
+from opentelemetry import trace
 from starlette.responses import Response, StreamingResponse
 
+from engram_core import semconv
+from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
 from engram_gateway.bodies import parse_json_object, read_body
 from engram_gateway.controls import MemoryControls, split_memory_controls
@@ -154,12 +157,29 @@ async def chat_completions(request: Request) -> Response:
         hits=len(memory.hits),
         conversation_id=scope.conversation_id,
     )
+    trace.get_current_span().set_attributes(
+        {
+            semconv.ENGRAM_MEMORY_STATUS: memory.status.value,
+            semconv.ENGRAM_MEMORY_HITS: len(memory.hits),
+        }
+    )
 
-    upstream = await state.upstream.chat(forwarded, request.headers, stream=stream)
+    # The upstream call's span (gen_ai) ends when the reply is complete, streamed or not.
+    call = LlmCall(scope.model, task="chat", tracer=state.tracer)
+    try:
+        with call.current():
+            upstream = await state.upstream.chat(forwarded, request.headers, stream=stream)
+    except BaseException as exc:
+        call.fail(str(getattr(exc, "status", "")) or type(exc).__name__)
+        call.end()
+        raise
     record = controls.enabled and bool(query)
     if stream:
-        return _relay_stream(state, upstream, scope, record=record, headers=headers)
-    return await _complete(state, upstream, scope, memory, record=record, headers=headers)
+        return _relay_stream(state, upstream, scope, call, record=record, headers=headers)
+    try:
+        return await _complete(state, upstream, scope, memory, call, record=record, headers=headers)
+    finally:
+        call.end()
 
 
 async def _complete(
@@ -167,6 +187,7 @@ async def _complete(
     upstream: httpx2.Response,
     scope: TurnScope,
     memory: Recall,
+    call: LlmCall,
     *,
     record: bool,
     headers: dict[str, str],
@@ -186,6 +207,7 @@ async def _complete(
             headers={**relayed, **headers},
             media_type=upstream.headers.get("content-type"),
         )
+    call.record_reply(payload)
     if memory.status is not MemoryStatus.BYPASSED:
         payload["memory_hits"] = memory.hits
     text = assistant_text(payload)
@@ -210,6 +232,7 @@ def _relay_stream(
     state: GatewayState,
     upstream: httpx2.Response,
     scope: TurnScope,
+    call: LlmCall,
     *,
     record: bool,
     headers: dict[str, str],
@@ -224,19 +247,24 @@ def _relay_stream(
                 yield chunk
             completed = True
         except httpx2.TimeoutException:
+            call.fail("timeout")
             log.warning("upstream stream timed out", timeout_s=state.settings.llm_timeout_s)
             yield _sse_error(
                 "Upstream LLM stopped sending before the reply was complete.", "upstream_timeout"
             )
         except httpx2.HTTPError as exc:
+            call.fail(type(exc).__name__)
             log.warning("upstream stream broke", error=str(exc) or type(exc).__name__)
             yield _sse_error(f"Upstream LLM stream broke: {exc}", "upstream_error")
         except (asyncio.CancelledError, GeneratorExit):
+            call.fail("cancelled", "client went away mid-stream")
             log.warning("client went away mid-stream; assistant turn not recorded")
             raise
         finally:
             with suppress(Exception):
                 await upstream.aclose()
+            call.record_reply(reader.usage_chunk)
+            call.end()
         if not record:
             return
         if not (completed and reader.complete):

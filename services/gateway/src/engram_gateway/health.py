@@ -1,10 +1,12 @@
-"""Probes: ``/healthz`` (the process answers) and ``/readyz`` (its dependencies do)."""
+"""Probes: ``/healthz`` (the process answers) and ``/readyz`` (its dependencies do);
+``/metrics``: the process's OpenTelemetry metrics in the Prometheus text format."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from engram_core.metrics import prometheus_exposition
 from engram_gateway.errors import SERVICE_UNAVAILABLE, error_response
 from engram_gateway.state import gateway_state
 
@@ -16,6 +18,12 @@ READY_CHECK_TIMEOUT_S = 2.0
 @router.get("/healthz")
 async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics() -> Response:
+    body, content_type = prometheus_exposition()
+    return Response(body, media_type=content_type)
 
 
 @router.get("/readyz")

@@ -18,6 +18,9 @@ class ChatStreamReader:
         self.finished: set[int] = set()  # choice indexes that sent a finish_reason
         self.done = False  # saw "data: [DONE]"
         self.error: Any = None  # an in-stream {"error": ...} payload
+        #: The last chunk that reported usage (sent when the caller asked for
+        #: ``stream_options.include_usage``), for the LLM call's span and metrics.
+        self.usage_chunk: dict[str, Any] | None = None
 
     def feed(self, chunk: bytes) -> None:
         self._buffer = (self._buffer + chunk).replace(b"\r\n", b"\n")
@@ -43,6 +46,8 @@ class ChatStreamReader:
             return
         if "error" in event:
             self.error = event["error"]
+        if isinstance(event.get("usage"), dict):
+            self.usage_chunk = event
         for choice in event.get("choices") or ():
             if not isinstance(choice, dict):
                 continue

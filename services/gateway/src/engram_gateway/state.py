@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from faststream.nats import NatsBroker
+from opentelemetry import trace
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,6 +31,8 @@ class GatewayState:
     publisher: TurnPublisher
     upstream: Upstream
     statuses: EventStatusStore
+    #: For the gateway's own spans (the upstream LLM call): the app's tracer provider.
+    tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("engram.gateway"))
 
 
 def gateway_state(request: Request) -> GatewayState:

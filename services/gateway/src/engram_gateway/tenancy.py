@@ -18,8 +18,9 @@ from engram_gateway.errors import INVALID_REQUEST, error_body
 from engram_gateway.keys import KeyTable
 
 DEFAULT_TENANT = "default"
-#: Probes answer without a key: the kubelet has none.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+#: Probes and the Prometheus scrape answer without a key: the kubelet and Prometheus have
+#: none (metrics carry no memory content; keep /metrics off the public ingress).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 _TENANT = "tenant"
 
 
