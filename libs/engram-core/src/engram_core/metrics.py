@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
@@ -133,11 +134,19 @@ def setup_metrics(resource: Resource) -> MeterProvider:
         return _provider
 
 
-def serve_metrics(host: str, port: int) -> None:
-    """Serve ``/metrics`` from a background thread (for a process with no HTTP server)."""
+def serve_metrics(host: str, port: int) -> Callable[[], None]:
+    """Serve ``/metrics`` from a background thread (for a process with no HTTP server).
+    Returns what stops it; a daemon thread, so a process may also just exit."""
     from prometheus_client import start_http_server
 
-    start_http_server(port, addr=host)
+    server, thread = start_http_server(port, addr=host)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+    return stop
 
 
 def prometheus_exposition() -> tuple[bytes, str]:
