@@ -18,11 +18,13 @@ import json
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO
+from urllib.parse import urlparse
 
 import grpc
 import httpx
 
 from engram_cli.cli_common import CliSettings, add_gateway_flags, add_retrieval_flag, cli_settings
+from engram_cli.nats_server import port_is_open
 from engram_cli.stack import WORKERS
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb
@@ -49,6 +51,10 @@ async def _http_ready(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
 async def _consumers(nats_url: str) -> dict[str, Any]:
     import nats
     from nats.js.errors import NotFoundError
+
+    first = urlparse(nats_url.split(",")[0])
+    if not await asyncio.to_thread(port_is_open, first.hostname or "127.0.0.1", first.port or 4222):
+        return {"error": f"NATS at {nats_url} unreachable (nothing listens)"}
 
     async def quiet(_exc: Exception) -> None:  # the outcome is reported, not logged
         return None
