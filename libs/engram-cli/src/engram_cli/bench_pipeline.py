@@ -1,12 +1,14 @@
 """``engram bench pipeline``: turn → searchable lag and sustained throughput.
 
 Starts the stack (gateway, retrieval, NATS and the workers, by default all of them)
-against the scripted LLM, sends chats through the gateway at a fixed rate —
-concurrently, on a fixed schedule, so a slow reply does not slow the sender — and
-records when ingest announces each user turn (``memory.changed``, published after
-the turn's ``Upsert`` returned). For a sample of turns it then runs a real
-``Search`` for the turn to prove it is searchable at that moment. Lag counts from
-just before the chat is sent (the gateway publishes the turn before forwarding).
+against the scripted LLM and sends chats through the gateway — concurrently, on a
+fixed schedule, so a slow reply does not slow the sender. Every chat publishes two
+turns (the user's and the model's reply), so ``--rate`` turns/s means ``rate / 2``
+chats/s. For every turn it records when the gateway's ``turn.persisted`` event
+appears on NATS and when ingest announces the indexed turn (``memory.changed``,
+published after the turn's ``Upsert`` returned); the lag is the difference. For a
+sample of user turns it then runs a real ``Search`` to prove the turn is searchable
+at that moment.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import numpy as np
 from engram_cli.bench import percentiles, progress
 from engram_cli.bench_writepath import bench_stack
 from engram_cli.stack import WORKERS, StackSettings
-from engram_core.events import MemoryChanged
+from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 
 TOKEN_PREFIX = "ppb"
+CONVERSATION_PREFIX = "pipeline-"
 VERIFY_EVERY = 10
 
 
@@ -47,8 +50,9 @@ async def bench_pipeline(
 async def _drive(
     settings: StackSettings, turns: int, rate: float, conversations: int, timeout_s: float
 ) -> dict[str, Any]:
-    sent: dict[str, float] = {}
-    indexed: dict[str, float] = {}
+    chats = (turns + 1) // 2
+    published: dict[str, float] = {}  # turn_id -> when turn.persisted was seen
+    indexed: dict[str, float] = {}  # turn_id -> when memory.changed was seen
     verified: dict[str, bool] = {}
     retrieval = RetrievalClient(settings.retrieval_listen)
     checks: list[asyncio.Task[None]] = []
@@ -65,69 +69,78 @@ async def _drive(
         )
         verified[token] = any(token in hit.memory.text for hit in reply.hits)
 
+    async def on_turn(msg: Any) -> None:
+        turn = TurnPersisted.model_validate_json(msg.data)
+        if turn.conversation_id.startswith(CONVERSATION_PREFIX):
+            published.setdefault(turn.turn_id, time.perf_counter())
+
     async def on_change(msg: Any) -> None:
         change = MemoryChanged.model_validate_json(msg.data)
         memory = change.memory
-        if memory.kind != "turn" or memory.role != "user":
+        turn_id = memory.metadata.get("turn_id", "")
+        if memory.kind != "turn" or turn_id not in published or turn_id in indexed:
             return
+        indexed[turn_id] = time.perf_counter()
         token = next(
             (w.strip(".") for w in memory.text.split() if w.startswith(TOKEN_PREFIX)), None
         )
-        if token in sent and token not in indexed:
-            indexed[token] = time.perf_counter()
-            if int(token[len(TOKEN_PREFIX) :]) % VERIFY_EVERY == 0:
-                checks.append(asyncio.create_task(verify(token, memory.conversation_id)))
+        if token and int(token[len(TOKEN_PREFIX) :]) % VERIFY_EVERY == 0:
+            checks.append(asyncio.create_task(verify(token, memory.conversation_id)))
 
     nc = await nats.connect(settings.nats_url)
-    await nc.subscribe("engram.memory.changed.v1", cb=on_change)
+    await nc.subscribe(TurnPersisted.subject, cb=on_turn)
+    await nc.subscribe(MemoryChanged.subject, cb=on_change)
     base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
     failures = 0
 
     async def chat(http: httpx.AsyncClient, i: int) -> None:
         nonlocal failures
-        token = f"{TOKEN_PREFIX}{i:06d}"
-        sent[token] = time.perf_counter()
         reply = await http.post(
             "/chat/completions",
             json={
                 "model": "bench",
-                "memory_id": f"pipeline-{i % conversations}",
-                "messages": [{"role": "user", "content": f"I own a {token}."}],
+                "memory_id": f"{CONVERSATION_PREFIX}{i % conversations}",
+                "messages": [{"role": "user", "content": f"I own a {TOKEN_PREFIX}{i:06d}."}],
             },
         )
         if reply.status_code != 200:
             failures += 1
 
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    chat_rate = rate / 2
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
         started = time.perf_counter()
         in_flight: list[asyncio.Task[None]] = []
-        for i in range(turns):
-            await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
+        for i in range(chats):
+            await asyncio.sleep(max(0.0, started + i / chat_rate - time.perf_counter()))
             in_flight.append(asyncio.create_task(chat(http, i)))
-            progress("sending", i + 1, turns)
+            progress("sending chats", i + 1, chats)
         send_s = time.perf_counter() - started
         await asyncio.gather(*in_flight)
+    expected = 2 * chats - 2 * failures
     deadline = time.monotonic() + timeout_s
-    while len(indexed) < turns and time.monotonic() < deadline:
-        progress("waiting for ingest", len(indexed), turns)
+    while len(indexed) < expected and time.monotonic() < deadline:
+        progress("waiting for ingest", len(indexed), expected)
         await asyncio.sleep(0.2)
     await asyncio.gather(*checks)
     await nc.close()
     await retrieval.close()
-    lags = [(indexed[t] - sent[t]) * 1000 for t in sent if t in indexed]
+    done = [t for t in published if t in indexed]
+    lags = [(indexed[t] - published[t]) * 1000 for t in done]
     last = max(indexed.values(), default=started)
     return {
-        "turns": turns,
+        "turns": 2 * chats,
+        "chats": chats,
         "target_rate_per_s": rate,
-        "achieved_send_rate_per_s": round(turns / send_s, 1),
+        "achieved_send_rate_per_s": round(2 * chats / send_s, 1),
         "sustained_indexed_per_s": round(len(indexed) / (last - started), 1),
+        "published": len(published),
         "indexed": len(indexed),
         "failed_chats": failures,
         "searchable_verified": f"{sum(verified.values())}/{len(verified)}",
         "lag_ms": percentiles(lags) if lags else {},
         "samples_ms": lags,
-        "sample_order": [indexed[t] - started for t in sent if t in indexed],
+        "sample_order": [indexed[t] - started for t in done],
     }
 
 
@@ -144,7 +157,7 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     right.plot(result["sample_order"], result["samples_ms"], ".", markersize=3)
     right.set_xlabel("seconds into the run")
     right.set_ylabel("lag (ms)")
-    fig.suptitle(f"engram bench pipeline at {result['target_rate_per_s']:g} chats/s")
+    fig.suptitle(f"engram bench pipeline at {result['target_rate_per_s']:g} turns/s")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -195,13 +208,15 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     )
     _plot(result, out / "pipeline.png")
     print(f"saved {out / 'results.json'} and {out / 'pipeline.png'}")
-    return 0 if result["indexed"] == args.turns else 1
+    return 0 if result["indexed"] == result["turns"] and not result["failed_chats"] else 1
 
 
 def add_pipeline_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
     bench = kinds.add_parser("pipeline", help="gateway → JetStream → ingest: lag and throughput")
-    bench.add_argument("--turns", type=int, default=1000, help="chats to send")
-    bench.add_argument("--rate", type=float, default=50.0, help="chats per second")
+    bench.add_argument(
+        "--turns", type=int, default=1000, help="turns to publish (two per chat: user, reply)"
+    )
+    bench.add_argument("--rate", type=float, default=50.0, help="turns per second")
     bench.add_argument("--conversations", type=int, default=20, help="spread over this many")
     bench.add_argument(
         "--workers",
