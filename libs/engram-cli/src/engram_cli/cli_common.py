@@ -24,6 +24,9 @@ class CliSettings(EngramSettings):
         default=None, description="The mirror's root (default <data_dir>/mirror)."
     )
     health_port_base: int = Field(default=8201, ge=1, le=65535)
+    llm_model: str = Field(
+        default="", description="import --via http: the model extraction uses (--model)."
+    )
 
     @property
     def mirror(self) -> Path:

@@ -591,7 +591,12 @@ def add_import_parser(
     parser.add_argument(
         "--conversation", default="default", help="conversation_id for records that name none"
     )
-    parser.add_argument("--model", default="", help="http: the model extraction should use")
+    parser.add_argument(
+        "--model",
+        default="",
+        help="http: the model extraction uses, unless the workers name one "
+        "(default: $ENGRAM_LLM_MODEL; with neither, no facts are extracted)",
+    )
     parser.add_argument("--state-file", type=Path, help="where to record progress")
     parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
     add_gateway_flags(parser)
@@ -617,7 +622,7 @@ def import_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 tenant=args.tenant,
                 user=args.user,
                 conversation=args.conversation,
-                model=args.model,
+                model=args.model or settings.llm_model,
                 state_file=args.state_file,
                 on_progress=bar,
             )
