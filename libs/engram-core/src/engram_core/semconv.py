@@ -64,6 +64,7 @@ ENGRAM_OUTCOME: Final = "engram.outcome"
 ENGRAM_HITS: Final = "engram.hits"
 ENGRAM_MMR_LAMBDA: Final = "engram.mmr_lambda"
 ENGRAM_TEXTS: Final = "engram.texts"
+ENGRAM_LATE_INTERACTION: Final = "engram.late_interaction"  # MaxSim blended into relevance
 
 # -- metrics ----------------------------------------------------------------------------
 # http.server.request.duration comes from the FastAPI instrumentation.

@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 from opentelemetry import trace
 
+from engram_core import semconv
 from engram_core.logging import get_logger
 from engram_core.proto import KIND_NAMES, SCOPE_NAMES, from_timestamp, pb, pb_grpc
 from engram_retrieval.embedder import Embedder
@@ -274,7 +275,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         now = now or self.clock()
         conversation = request.conversation_id or DEFAULT_CONVERSATION
         timings = pb.StageTimings()
-        base_attrs = {"engram.tenant": tenant, "engram.top_k": params.top_k}
+        base_attrs = {semconv.ENGRAM_TENANT: tenant, semconv.ENGRAM_TOP_K: params.top_k}
 
         attached = asyncio.ensure_future(
             asyncio.gather(self._summary(tenant, conversation), self._profile(tenant, request))
@@ -288,7 +289,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                     self.lexical.query(request.query) if self.candidates != "dense" else None
                 )
                 timings.embed_ms = _ms(t)
-                span.set_attribute("engram.embedding_model", self.embedder.model_id)
+                span.set_attribute(semconv.ENGRAM_EMBEDDING_MODEL, self.embedder.model_id)
 
             with self.tracer.start_as_current_span("candidates", attributes=base_attrs) as span:
                 t = time.perf_counter()
@@ -305,11 +306,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 ]
                 candidates = merge_pools(pools)
                 timings.candidates_ms = _ms(t)
-                span.set_attribute("engram.scopes", [s.name for s in scopes])
-                span.set_attribute("engram.pool_size", params.pool_size)
-                span.set_attribute("engram.lexical", bool(sparse_query))
-                span.set_attribute("engram.candidate_sources", self.candidates)
-                span.set_attribute("engram.candidates", len(candidates))
+                span.set_attribute(semconv.ENGRAM_SCOPES, [s.name for s in scopes])
+                span.set_attribute(semconv.ENGRAM_POOL_SIZE, params.pool_size)
+                span.set_attribute(semconv.ENGRAM_LEXICAL, bool(sparse_query))
+                span.set_attribute(semconv.ENGRAM_CANDIDATE_SOURCES, self.candidates)
+                span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
         finally:
             summary, profile = await attached
 
@@ -329,10 +330,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 relevance = await asyncio.to_thread(
                     self.scorer.score, request.query, texts, dense, sparse, late, adjacency
                 )
-                span.set_attribute("engram.late_interaction", late is not None)
+                span.set_attribute(semconv.ENGRAM_LATE_INTERACTION, late is not None)
             timings.rerank_ms = _ms(t)
-            span.set_attribute("engram.scorer", scorer_name)
-            span.set_attribute("engram.candidates", len(candidates))
+            span.set_attribute(semconv.ENGRAM_SCORER, scorer_name)
+            span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
 
         with self.tracer.start_as_current_span("mmr", attributes=base_attrs) as span:
             t = time.perf_counter()
@@ -340,9 +341,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 candidates, relevance, params, now, complete=pools_complete(pools, params.pool_size)
             )
             timings.mmr_ms = _ms(t)
-            span.set_attribute("engram.outcome", result.outcome.value)
-            span.set_attribute("engram.hits", len(result.hits))
-            span.set_attribute("engram.mmr_lambda", params.mmr_lambda)
+            span.set_attribute(semconv.ENGRAM_OUTCOME, result.outcome.value)
+            span.set_attribute(semconv.ENGRAM_HITS, len(result.hits))
+            span.set_attribute(semconv.ENGRAM_MMR_LAMBDA, params.mmr_lambda)
 
         response = pb.SearchResponse(
             outcome=_OUTCOMES[result.outcome],
@@ -477,7 +478,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
         if to_embed:
             with self.tracer.start_as_current_span(
-                "embed", attributes={"engram.tenant": tenant, "engram.texts": len(to_embed)}
+                "embed",
+                attributes={semconv.ENGRAM_TENANT: tenant, semconv.ENGRAM_TEXTS: len(to_embed)},
             ):
                 encoded = await asyncio.to_thread(
                     self.embedder.encode, [text for _, text in to_embed]
