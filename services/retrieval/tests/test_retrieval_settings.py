@@ -24,7 +24,7 @@ def test_defaults() -> None:
     assert s.qdrant_url is None and s.reranker_path is None
     assert (s.search_top_k, s.search_recency_weight, s.search_score_threshold) == (5, 0.02, 0.35)
     assert (s.search_mmr_lambda, s.recency_half_life_days) == (0.9, 30.0)
-    assert s.search_context_weight == 0.2
+    assert (s.search_context_weight, s.search_date_weight) == (0.2, 0.2)
     assert (s.small_store_size, s.candidate_multiplier, s.embed_max_length) == (5, 5, 256)
     assert (s.search_lexical_weight, s.search_late_weight) == (0.5, 0.85)
     assert s.edge_store_path == Path(".engram") / "qdrant" / "engram_memories"

@@ -204,6 +204,22 @@ def context_smoothed(
     return lo + (hi - lo) * (n + context_weight * neighbour) / (1.0 + context_weight)
 
 
+def window_boosted(
+    scores: Sequence[float] | np.ndarray, in_window: np.ndarray, weight: float
+) -> np.ndarray:
+    """Scores raised for candidates said within the query's date window, in the same
+    units: ``n' = (n + t·[in window]) / (1 + t)`` over ``n = minmax(s)``, mapped back
+    onto the pool's range of ``s``. A flat pool, ``t = 0`` or no candidate in the
+    window returns ``s`` unchanged."""
+    base = np.asarray(scores, dtype=np.float64)
+    n = minmax(base)
+    inside = np.asarray(in_window, dtype=np.float64)
+    if n is None or weight <= 0.0 or not inside.any():
+        return base
+    lo, hi = float(base.min()), float(base.max())
+    return lo + (hi - lo) * (n + weight * inside) / (1.0 + weight)
+
+
 def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:
     """Concatenate scope pools, keeping the first occurrence of each id."""
     seen: set[str] = set()

@@ -21,6 +21,7 @@ from engram_retrieval.ranking import (
     fused_similarity,
     late_fused_similarity,
     sigmoid,
+    window_boosted,
 )
 
 # Positions of each candidate's previous and next turn in the pool (-1: not there).
@@ -40,11 +41,13 @@ class RelevanceScorer(Protocol):
         sparse: Sequence[float | None] | None = None,
         late: Sequence[float | None] | None = None,
         adjacency: Adjacency | None = None,
+        in_window: np.ndarray | None = None,
     ) -> np.ndarray:
         """Relevance in [0, 1] per text; ``dense`` is each text's cosine to the query,
         ``sparse`` its BM25 score when the lexical source returned it (hybrid only),
         ``late`` its mean MaxSim over the query's tokens (when the store has them),
-        ``adjacency`` where its neighbouring turns are in the pool."""
+        ``adjacency`` where its neighbouring turns are in the pool, ``in_window``
+        whether it was said within a date window the query names."""
         ...
 
 
@@ -84,6 +87,7 @@ class CalibratedSimilarityScorer:
     LEXICAL_WEIGHT = 0.5
     LATE_WEIGHT = 0.85
     CONTEXT_WEIGHT = 0.2
+    DATE_WEIGHT = 0.2
 
     def __init__(
         self,
@@ -92,12 +96,14 @@ class CalibratedSimilarityScorer:
         lexical_weight: float = LEXICAL_WEIGHT,
         late_weight: float = LATE_WEIGHT,
         context_weight: float = CONTEXT_WEIGHT,
+        date_weight: float = DATE_WEIGHT,
     ) -> None:
         self.slope = slope
         self.midpoint = midpoint
         self.lexical_weight = lexical_weight
         self.late_weight = late_weight
         self.context_weight = context_weight
+        self.date_weight = date_weight
 
     def score(
         self,
@@ -107,13 +113,16 @@ class CalibratedSimilarityScorer:
         sparse: Sequence[float | None] | None = None,
         late: Sequence[float | None] | None = None,
         adjacency: Adjacency | None = None,
+        in_window: np.ndarray | None = None,
     ) -> np.ndarray:
         """``sigmoid(a·(x - b))`` where ``x`` is the cosine, or with BM25 scores the
         pool's fused similarity (:func:`~engram_retrieval.ranking.fused_similarity`),
         blended with MaxSim when given
         (:func:`~engram_retrieval.ranking.late_fused_similarity`), then raised by
-        strong neighbouring turns (:func:`~engram_retrieval.ranking.context_smoothed`).
-        Each step stays on the pool's cosine range, so the calibration holds."""
+        strong neighbouring turns (:func:`~engram_retrieval.ranking.context_smoothed`)
+        and, when enabled, for memories said in the query's date window
+        (:func:`~engram_retrieval.ranking.window_boosted`). Each step stays on the
+        pool's cosine range, so the calibration holds."""
         x = np.asarray(dense, dtype=np.float64)
         if sparse is not None and self.lexical_weight > 0.0:
             x = fused_similarity(x, sparse, self.lexical_weight)
@@ -121,6 +130,8 @@ class CalibratedSimilarityScorer:
             x = late_fused_similarity(x, late, self.late_weight)
         if adjacency is not None and self.context_weight > 0.0:
             x = context_smoothed(x, *adjacency, self.context_weight)
+        if in_window is not None and self.date_weight > 0.0:
+            x = window_boosted(x, in_window, self.date_weight)
         return sigmoid(self.slope * (x - self.midpoint))
 
 
@@ -180,6 +191,7 @@ class CrossEncoderScorer:
         sparse: Sequence[float | None] | None = None,
         late: Sequence[float | None] | None = None,
         adjacency: Adjacency | None = None,
+        in_window: np.ndarray | None = None,
     ) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float64)

@@ -51,6 +51,7 @@ def load_scorer(settings: RetrievalSettings) -> RelevanceScorer:
             lexical_weight=settings.search_lexical_weight,
             late_weight=settings.search_late_weight,
             context_weight=settings.search_context_weight,
+            date_weight=settings.search_date_weight,
         )
     return CrossEncoderScorer(
         settings.reranker_path,

@@ -57,6 +57,7 @@ from engram_retrieval.store import (
     StoredPoint,
     StoreError,
 )
+from engram_retrieval.temporal import query_window
 
 log = get_logger("engram.retrieval")
 
@@ -327,8 +328,19 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
                 late = await self._late_scores(tenant, encoded.tokens, candidates)
                 adjacency = adjacent_turns([_turn_position(c) for c in candidates])
+                window = query_window(request.query, now)
+                in_window = (
+                    np.array([c.created_at in window for c in candidates]) if window else None
+                )
                 relevance = await asyncio.to_thread(
-                    self.scorer.score, request.query, texts, dense, sparse, late, adjacency
+                    self.scorer.score,
+                    request.query,
+                    texts,
+                    dense,
+                    sparse,
+                    late,
+                    adjacency,
+                    in_window,
                 )
                 span.set_attribute(semconv.ENGRAM_LATE_INTERACTION, late is not None)
             timings.rerank_ms = _ms(t)

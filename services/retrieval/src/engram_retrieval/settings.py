@@ -60,6 +60,14 @@ class RetrievalSettings(EngramSettings):
         "neighbouring turns (same conversation, turn_index ± 1) in the candidate pool; "
         "0: not at all.",
     )
+    search_date_weight: float = Field(
+        default=0.2,
+        ge=0.0,
+        le=1.0,
+        description="Fallback scorer: how much memories said within a date window the "
+        "query names ('in May 2023', 'on 3 May, 2023', 'last week') are raised; 0: off. "
+        "LoCoMo dev R@10 of the default pipeline: 0 → 75.3, 0.1 → 76.0, 0.2 → 76.5.",
+    )
     reranker_max_length: int = Field(default=512, ge=16, le=4096)
     reranker_batch_size: int = Field(default=16, ge=1, le=1024)
 
