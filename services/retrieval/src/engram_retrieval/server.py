@@ -121,6 +121,7 @@ async def build_server(
             scorer,
             ranking_defaults(settings),
             candidates=settings.search_candidates,
+            first_person_expansion=settings.search_first_person_expansion,
             tracer=tracer,
             clock=clock,
         )

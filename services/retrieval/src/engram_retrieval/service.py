@@ -25,6 +25,7 @@ from engram_core import semconv
 from engram_core.logging import get_logger
 from engram_core.proto import KIND_NAMES, SCOPE_NAMES, from_timestamp, pb, pb_grpc
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.expansion import expand_first_person
 from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.payload import (
     DEFAULT_CONVERSATION,
@@ -187,6 +188,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         defaults: RankingParams,
         *,
         candidates: str = "hybrid",
+        first_person_expansion: bool = False,
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
@@ -199,6 +201,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         # Documents always get BM25 vectors, so the candidate sources can change later.
         self.lexical = LexicalEncoder()
         self.candidates = candidates
+        self.first_person_expansion = first_person_expansion
         # Only a scorer that reads MaxSim gets it; a cross-encoder reads the texts.
         self.late_interaction = getattr(scorer, "late_weight", 0.0) > 0.0
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
@@ -284,11 +287,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         try:
             with self.tracer.start_as_current_span("embed", attributes=base_attrs) as span:
                 t = time.perf_counter()
-                encoded = await asyncio.to_thread(self.embedder.encode_one, request.query)
-                query_vector = encoded.dense
-                sparse_query = (
-                    self.lexical.query(request.query) if self.candidates != "dense" else None
+                query = (
+                    expand_first_person(request.query)
+                    if self.first_person_expansion
+                    else request.query
                 )
+                encoded = await asyncio.to_thread(self.embedder.encode_one, query)
+                query_vector = encoded.dense
+                sparse_query = self.lexical.query(query) if self.candidates != "dense" else None
                 timings.embed_ms = _ms(t)
                 span.set_attribute(semconv.ENGRAM_EMBEDDING_MODEL, self.embedder.model_id)
 

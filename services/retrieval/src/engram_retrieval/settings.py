@@ -68,6 +68,11 @@ class RetrievalSettings(EngramSettings):
         "query names ('in May 2023', 'on 3 May, 2023', 'last week') are raised; 0: off. "
         "LoCoMo dev R@10 of the default pipeline: 0 → 75.3, 0.1 → 76.0, 0.2 → 76.5.",
     )
+    search_first_person_expansion: bool = Field(
+        default=False,
+        description="Append a third-person rewrite to first-person queries ('my' → 'the "
+        "user's'). Off: it measured no gain (docs/benchmarks.md).",
+    )
     reranker_max_length: int = Field(default=512, ge=16, le=4096)
     reranker_batch_size: int = Field(default=16, ge=1, le=1024)
 
