@@ -78,8 +78,13 @@ async def _drive(
         change = MemoryChanged.model_validate_json(msg.data)
         memory = change.memory
         turn_id = memory.metadata.get("turn_id", "")
-        if memory.kind != "turn" or turn_id not in published or turn_id in indexed:
+        if (
+            memory.kind != "turn"
+            or not memory.conversation_id.startswith(CONVERSATION_PREFIX)
+            or turn_id in indexed
+        ):
             return
+        # Callbacks of two subscriptions may run out of order: match them up at the end.
         indexed[turn_id] = time.perf_counter()
         token = next(
             (w.strip(".") for w in memory.text.split() if w.startswith(TOKEN_PREFIX)), None
@@ -126,7 +131,7 @@ async def _drive(
     await nc.close()
     await retrieval.close()
     done = [t for t in published if t in indexed]
-    lags = [(indexed[t] - published[t]) * 1000 for t in done]
+    lags = [max(0.0, indexed[t] - published[t]) * 1000 for t in done]
     last = max(indexed.values(), default=started)
     return {
         "turns": 2 * chats,
