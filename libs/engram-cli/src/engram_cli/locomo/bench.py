@@ -74,7 +74,8 @@ CONFIGS = {
         ),
         Config(
             "hybrid",
-            "dense + BM25 candidates ranked by the calibrated fused cosine/BM25 similarity",
+            "dense + BM25 candidates ranked by the calibrated fused cosine/BM25 similarity "
+            "(with neighbouring turns and date windows; no late interaction)",
             {"ENGRAM_SEARCH_CANDIDATES": "hybrid", **NO_RERANKER, **NO_LATE},
             NEUTRAL_RANKING,
         ),
