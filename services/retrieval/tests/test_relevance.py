@@ -10,7 +10,11 @@ import pytest
 
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import sigmoid
-from engram_retrieval.relevance import CalibratedSimilarityScorer, CrossEncoderScorer
+from engram_retrieval.relevance import (
+    CalibratedSimilarityScorer,
+    CrossEncoderScorer,
+    PoolSignals,
+)
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import TinyReranker
@@ -24,9 +28,9 @@ def test_cross_encoder_scores_are_sigmoid_of_pair_logits(tiny_reranker: TinyRera
     assert expected_logits.tolist() == pytest.approx([tiny_reranker.logit(t) for t in texts])
     logits = scorer.logits("the cat", texts)
     np.testing.assert_allclose(logits, expected_logits, rtol=1e-6)
-    scores = scorer.score("the cat", texts, np.zeros(3))
+    scores = scorer.score("the cat", texts, PoolSignals(np.zeros(3)))
     np.testing.assert_allclose(scores, sigmoid(expected_logits), rtol=1e-6)
-    assert scorer.score("the cat", [], np.zeros(0)).shape == (0,)
+    assert scorer.score("the cat", [], PoolSignals(np.zeros(0))).shape == (0,)
 
 
 def test_cross_encoder_ignores_the_query_segment(tiny_reranker: TinyReranker) -> None:
@@ -41,7 +45,7 @@ def test_calibrated_similarity_constants() -> None:
     assert (scorer.slope, scorer.midpoint) == (14.0, 0.30)
     # sigmoid(14 * (cos - 0.3)): 0.5 at the midpoint, 1/(1+e^0.49) at 0.335, ...
     np.testing.assert_allclose(
-        scorer.score("q", ["a", "b", "c"], np.array([0.30, 0.335, 0.247])),
+        scorer.score("q", ["a", "b", "c"], PoolSignals(np.array([0.30, 0.335, 0.247]))),
         [0.5, 0.620106, 0.322567],
         atol=1e-6,
     )
@@ -51,12 +55,16 @@ def test_calibrated_similarity_fuses_bm25_when_given() -> None:
     assert CalibratedSimilarityScorer().lexical_weight == 0.5
     scorer = CalibratedSimilarityScorer(lexical_weight=0.3)
     # fused similarity [.48, .40, .32] (see test_ranking), then sigmoid(14 * (x - .3))
-    scores = scorer.score("q", ["a", "b", "c"], np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0])
+    scores = scorer.score(
+        "q", ["a", "b", "c"], PoolSignals(np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0])
+    )
     np.testing.assert_allclose(scores, sigmoid(14.0 * (np.array([0.48, 0.40, 0.32]) - 0.3)))
     np.testing.assert_allclose(scores, [0.925532, 0.802184, 0.569546], atol=1e-6)
     cosine_only = CalibratedSimilarityScorer(lexical_weight=0.0)
     np.testing.assert_allclose(
-        cosine_only.score("q", ["a", "b", "c"], np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0]),
+        cosine_only.score(
+            "q", ["a", "b", "c"], PoolSignals(np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0])
+        ),
         sigmoid(14.0 * (np.array([0.6, 0.4, 0.2]) - 0.3)),
     )
 
@@ -70,7 +78,40 @@ def test_calibrated_similarity_separates_related_from_unrelated(embedder: Embedd
         "I have a severe peanut allergy.",
     ]
     q, a = embedder.embed(queries), embedder.embed(answers)
-    related = scorer.score("", answers, (q * a).sum(axis=1))
-    unrelated = scorer.score("", answers, (q * np.roll(a, 1, axis=0)).sum(axis=1))
+    related = scorer.score("", answers, PoolSignals((q * a).sum(axis=1)))
+    unrelated = scorer.score("", answers, PoolSignals((q * np.roll(a, 1, axis=0)).sum(axis=1)))
     assert related.min() > 0.6
     assert unrelated.max() < 0.25
+
+
+def test_calibrated_similarity_composes_every_signal_in_order() -> None:
+    from engram_retrieval.ranking import (
+        context_smoothed,
+        fused_similarity,
+        late_fused_similarity,
+        window_boosted,
+    )
+
+    dense = np.array([0.6, 0.4, 0.2, 0.3])
+    sparse = [None, 5.0, 10.0, None]
+    late = [0.5, 0.9, None, 0.7]
+    adjacency = (np.array([-1, 0, -1, -1]), np.array([1, -1, -1, -1]))
+    in_window = np.array([False, False, True, False])
+    scorer = CalibratedSimilarityScorer(
+        lexical_weight=0.3, late_weight=0.6, context_weight=0.2, date_weight=0.4
+    )
+    x = fused_similarity(dense, sparse, 0.3)
+    x = late_fused_similarity(x, late, 0.6)
+    x = context_smoothed(x, *adjacency, 0.2)
+    x = window_boosted(x, in_window, 0.4)
+    signals = PoolSignals(dense, sparse, late, adjacency, in_window)
+    np.testing.assert_allclose(
+        scorer.score("q", ["a", "b", "c", "d"], signals), sigmoid(14.0 * (x - 0.3))
+    )
+    # each signal moved the ranking: without them the order is the cosine's
+    plain = scorer.score("q", ["a", "b", "c", "d"], PoolSignals(dense))
+    assert np.argsort(-plain).tolist() == [0, 1, 3, 2]
+    assert np.argsort(-scorer.score("q", list("abcd"), signals)).tolist() != [0, 1, 3, 2]
+    # the defaults are the tuned ones (docs/benchmarks.md)
+    default = CalibratedSimilarityScorer()
+    assert (default.late_weight, default.context_weight, default.date_weight) == (0.85, 0.2, 0.2)

@@ -10,6 +10,7 @@ thing whichever scorer runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +29,17 @@ from engram_retrieval.ranking import (
 Adjacency = tuple[np.ndarray, np.ndarray]
 
 
+@dataclass(frozen=True)
+class PoolSignals:
+    """What the search knows of each candidate in the pool besides its text."""
+
+    dense: np.ndarray  # cosine of query and memory embeddings
+    sparse: Sequence[float | None] | None = None  # BM25, when the lexical source found it
+    late: Sequence[float | None] | None = None  # mean MaxSim over the query's tokens
+    adjacency: Adjacency | None = None  # where its neighbouring turns are in the pool
+    in_window: np.ndarray | None = None  # said within a date window the query names
+
+
 class RelevanceScorer(Protocol):
     """Scores candidate texts against a query. CPU bound; call from a worker thread."""
 
@@ -37,17 +49,9 @@ class RelevanceScorer(Protocol):
         self,
         query: str,
         texts: Sequence[str],
-        dense: np.ndarray,
-        sparse: Sequence[float | None] | None = None,
-        late: Sequence[float | None] | None = None,
-        adjacency: Adjacency | None = None,
-        in_window: np.ndarray | None = None,
+        signals: PoolSignals,
     ) -> np.ndarray:
-        """Relevance in [0, 1] per text; ``dense`` is each text's cosine to the query,
-        ``sparse`` its BM25 score when the lexical source returned it (hybrid only),
-        ``late`` its mean MaxSim over the query's tokens (when the store has them),
-        ``adjacency`` where its neighbouring turns are in the pool, ``in_window``
-        whether it was said within a date window the query names."""
+        """Relevance in [0, 1] per text, from the text and/or the pool's signals."""
         ...
 
 
@@ -109,11 +113,7 @@ class CalibratedSimilarityScorer:
         self,
         query: str,
         texts: Sequence[str],
-        dense: np.ndarray,
-        sparse: Sequence[float | None] | None = None,
-        late: Sequence[float | None] | None = None,
-        adjacency: Adjacency | None = None,
-        in_window: np.ndarray | None = None,
+        signals: PoolSignals,
     ) -> np.ndarray:
         """``sigmoid(a·(x - b))`` where ``x`` is the cosine, or with BM25 scores the
         pool's fused similarity (:func:`~engram_retrieval.ranking.fused_similarity`),
@@ -123,15 +123,15 @@ class CalibratedSimilarityScorer:
         and, when enabled, for memories said in the query's date window
         (:func:`~engram_retrieval.ranking.window_boosted`). Each step stays on the
         pool's cosine range, so the calibration holds."""
-        x = np.asarray(dense, dtype=np.float64)
-        if sparse is not None and self.lexical_weight > 0.0:
-            x = fused_similarity(x, sparse, self.lexical_weight)
-        if late is not None and self.late_weight > 0.0:
-            x = late_fused_similarity(x, late, self.late_weight)
-        if adjacency is not None and self.context_weight > 0.0:
-            x = context_smoothed(x, *adjacency, self.context_weight)
-        if in_window is not None and self.date_weight > 0.0:
-            x = window_boosted(x, in_window, self.date_weight)
+        x = np.asarray(signals.dense, dtype=np.float64)
+        if signals.sparse is not None and self.lexical_weight > 0.0:
+            x = fused_similarity(x, signals.sparse, self.lexical_weight)
+        if signals.late is not None and self.late_weight > 0.0:
+            x = late_fused_similarity(x, signals.late, self.late_weight)
+        if signals.adjacency is not None and self.context_weight > 0.0:
+            x = context_smoothed(x, *signals.adjacency, self.context_weight)
+        if signals.in_window is not None and self.date_weight > 0.0:
+            x = window_boosted(x, signals.in_window, self.date_weight)
         return sigmoid(self.slope * (x - self.midpoint))
 
 
@@ -187,11 +187,7 @@ class CrossEncoderScorer:
         self,
         query: str,
         texts: Sequence[str],
-        dense: np.ndarray,
-        sparse: Sequence[float | None] | None = None,
-        late: Sequence[float | None] | None = None,
-        adjacency: Adjacency | None = None,
-        in_window: np.ndarray | None = None,
+        signals: PoolSignals,
     ) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float64)

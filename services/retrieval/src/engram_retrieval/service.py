@@ -49,7 +49,7 @@ from engram_retrieval.ranking import (
     pools_complete,
     rank,
 )
-from engram_retrieval.relevance import RelevanceScorer
+from engram_retrieval.relevance import PoolSignals, RelevanceScorer
 from engram_retrieval.store import (
     ForeignIdError,
     MemoryStore,
@@ -338,17 +338,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 in_window = (
                     np.array([c.created_at in window for c in candidates]) if window else None
                 )
+                signals = PoolSignals(dense, sparse, late, adjacency, in_window)
                 relevance = await asyncio.to_thread(
-                    self.scorer.score,
-                    request.query,
-                    texts,
-                    dense,
-                    sparse,
-                    late,
-                    adjacency,
-                    in_window,
+                    self.scorer.score, request.query, texts, signals
                 )
-                span.set_attribute(semconv.ENGRAM_LATE_INTERACTION, late is not None)
+                span.set_attribute(semconv.ENGRAM_LATE_INTERACTION, signals.late is not None)
             timings.rerank_ms = _ms(t)
             span.set_attribute(semconv.ENGRAM_SCORER, scorer_name)
             span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
