@@ -80,7 +80,14 @@ async def test_created_then_deleted_memory_is_mirrored_then_tombstoned(
     conversation_dir = keyed_stack.data_dir / "mirror" / "acme" / "e2e-mirror"
 
     def files(pattern: str, needle: str) -> list[Path]:
-        return [p for p in conversation_dir.glob(pattern) if needle in p.read_text()]
+        found = []
+        for path in conversation_dir.glob(pattern):
+            try:
+                if needle in path.read_text():
+                    found.append(path)
+            except FileNotFoundError:  # moved by the mirror between glob and read
+                continue
+        return found
 
     await wait_for(lambda: files("facts/*.md", memory_id), 30, what="the fact file")
     edited = await http.patch(

@@ -350,6 +350,33 @@ async def test_openai_sdk_non_stream_and_stream_and_turns_recorded(
     assistant2 = check_turn(events[3], "assistant", "Hello from the stream", **scope)
     assert user1.request_id == assistant1.request_id != user2.request_id == assistant2.request_id
     assert await jetstream.count() == 4
+    # each request held one message: the user turn is the first of its history
+    assert [t.turn_index for t in (user1, assistant1, user2, assistant2)] == [0, 1, 0, 1]
+
+
+async def test_turns_are_numbered_by_the_clients_history(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any
+) -> None:
+    scripted_upstream.replies = ["It is Miso."]
+    reply = await client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "m",
+            "memory_id": "numbered",
+            "messages": [
+                {"role": "system", "content": "be brief"},  # not a turn
+                {"role": "user", "content": "I have a cat."},
+                {"role": "assistant", "content": "Nice!"},
+                {"role": "user", "content": "Her name is Miso."},
+                {"role": "assistant", "content": "Lovely name."},
+                {"role": "user", "content": "What is my cat called?"},
+            ],
+        },
+    )
+    assert reply.status_code == 200
+    user, assistant = [TurnPersisted.model_validate(e.data) for e in await jetstream.events(2)]
+    assert (user.text, user.turn_index) == ("What is my cat called?", 4)
+    assert (assistant.text, assistant.turn_index) == ("It is Miso.", 5)
 
 
 async def test_stream_chunks_are_relayed_as_they_arrive(

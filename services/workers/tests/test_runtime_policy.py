@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from engram_core.events import TurnPersisted
 from engram_core.settings import ConfigError, load_settings
-from engram_workers.ingest import IngestSettings, turn_memory_id
+from engram_workers.ingest import IngestSettings, turn_memory, turn_memory_id
 from engram_workers.runtime import (
     PermanentError,
     RetryableError,
@@ -87,3 +87,18 @@ def test_turn_memory_id_is_stable_and_unambiguous() -> None:
     assert turn_memory_id("t", "c", "1") != turn_memory_id("t", "c", "2")
     assert turn_memory_id("t", "a.b", "c") != turn_memory_id("t", "a", "b.c")
     assert turn_memory_id("t1", "c", "1") != turn_memory_id("t2", "c", "1")
+
+
+def test_a_turn_keeps_its_position_in_the_conversation() -> None:
+    event = TurnPersisted(
+        tenant="t", conversation_id="c", turn_id="u7", role="user", text="hi", turn_index=6
+    )
+    memory = turn_memory(event)
+    assert (memory.turn_index, memory.role, memory.metadata["turn_id"]) == (6, "user", "u7")
+    # events from before the field existed still parse, as position unknown
+    legacy = TurnPersisted.model_validate_json(
+        '{"tenant": "t", "turn_id": "u1", "role": "user", "text": "hi"}'
+    )
+    assert turn_memory(legacy).turn_index == 0
+    with pytest.raises(ValidationError):
+        TurnPersisted(tenant="t", turn_id="u", role="user", text="x", turn_index=-1)

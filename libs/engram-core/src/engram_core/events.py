@@ -64,6 +64,12 @@ class TurnPersisted(Event):
     source_id: str = Field(
         default="", description="External id of the turn, if the caller has one."
     )
+    turn_index: int = Field(
+        default=0,
+        ge=0,
+        description="Position of the turn in its conversation (user and assistant "
+        "messages counted), as the client's history shows it; 0 when unknown.",
+    )
 
 
 def dlq_subject(worker: str) -> str:

@@ -31,6 +31,7 @@ from engram_gateway.memory import (
     MEMORY_HEADER,
     MemoryStatus,
     Recall,
+    conversation_position,
     inject,
     latest_user_index,
     message_text,
@@ -125,14 +126,15 @@ async def chat_completions(request: Request) -> Response:
     validate_chat_body(forwarded)
 
     messages: list[Any] = forwarded["messages"]
+    user_index = latest_user_index(messages)
     scope = TurnScope(
         tenant=resolve_tenant(request),
         user_id=forwarded.get("user") or "",
         conversation_id=controls.conversation_id,
         request_id=request_id(request),
         model=forwarded["model"],
+        turn_index=conversation_position(messages, user_index),
     )
-    user_index = latest_user_index(messages)
     query = message_text(messages[user_index]).strip() if user_index is not None else ""
 
     if not controls.enabled:

@@ -71,6 +71,19 @@ def latest_user_index(messages: list[Any]) -> int | None:
     return None
 
 
+def conversation_position(messages: list[Any], index: int | None) -> int:
+    """How many user/assistant messages come before ``messages[index]``: the turn's
+    position in the conversation as the client's history shows it (0 when unknown).
+    Lets retrieval tell which stored turns are neighbours."""
+    if index is None:
+        return 0
+    return sum(
+        1
+        for message in messages[:index]
+        if isinstance(message, dict) and message.get("role") in ("user", "assistant")
+    )
+
+
 def inject(messages: list[Any], index: int, system_message: dict[str, Any]) -> list[Any]:
     """A new list with the memory message placed immediately before ``messages[index]``."""
     return [*messages[:index], system_message, *messages[index:]]

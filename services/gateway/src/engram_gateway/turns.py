@@ -50,6 +50,9 @@ class TurnScope:
     conversation_id: str
     request_id: str
     model: str
+    # The user turn's position among the conversation's user/assistant messages in the
+    # request (the client's history); the reply is the next one.
+    turn_index: int = 0
 
     def event(self, role: Role, text: str, *, created_at: datetime | None = None) -> TurnPersisted:
         tid = turn_id(self.tenant, self.request_id, role)
@@ -64,6 +67,7 @@ class TurnScope:
             created_at=created_at or utcnow(),
             model=self.model,
             request_id=self.request_id,
+            turn_index=self.turn_index + (role == "assistant"),
         )
 
 

@@ -115,6 +115,7 @@ def turn_memory(event: TurnPersisted) -> pb.Memory:
         text=event.text,
         created_at=to_timestamp(event.created_at),
         source_id=event.source_id,
+        turn_index=event.turn_index,
         metadata=metadata,
     )
 
