@@ -184,6 +184,12 @@ components = obj(
                 **COMPONENT,
                 "autoscaling": NO_LAG_AUTOSCALING,
                 "port": PORT,
+                "metricsPort": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 65535,
+                    "description": "Prometheus /metrics port (ENGRAM_METRICS_PORT); 0: none",
+                },
                 "persistence": {"$ref": "#/$defs/persistence"},
             },
             required=("enabled", "port", "persistence"),

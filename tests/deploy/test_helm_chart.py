@@ -154,6 +154,26 @@ def test_retrieval_probes_are_native_grpc_health_checks() -> None:
     assert env_of(container)["ENGRAM_RETRIEVAL_LISTEN"]["value"] == "0.0.0.0:50051"
 
 
+def test_retrieval_serves_prometheus_metrics_on_its_own_port_unless_turned_off() -> None:
+    objects = render()
+    (container,) = containers(named(objects, "Deployment", full("retrieval")))
+    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in container["ports"]
+    env = env_of(container)
+    assert (env["ENGRAM_METRICS_PORT"]["value"], env["ENGRAM_METRICS_HOST"]["value"]) == (
+        "9464",
+        "0.0.0.0",
+    )
+    service = named(objects, "Service", full("retrieval"))
+    assert ("metrics", 9464) in [(p["name"], p["port"]) for p in service["spec"]["ports"]]
+
+    off = render("components.retrieval.metricsPort=0")
+    (container,) = containers(named(off, "Deployment", full("retrieval")))
+    assert "ENGRAM_METRICS_PORT" not in env_of(container)
+    assert [p["name"] for p in container["ports"]] == ["grpc"]
+    refused = lint_error("components.retrieval.metricsPort=70000")
+    assert "retrieval/metricsPort" in refused and "want 65,535" in refused
+
+
 @pytest.mark.parametrize("worker", sorted(HEALTH_PORTS))
 def test_each_worker_probes_its_own_health_port(worker: str) -> None:
     (container,) = containers(named(render(), "Deployment", full(worker)))
@@ -583,3 +603,14 @@ def test_network_policy_without_a_qdrant_server_or_collector_opens_neither() -> 
     _, egress = _flows(render("qdrant.url=", "components.retrieval.replicas=1"))
     assert {peer for component, peer, _ in egress if component == "retrieval"} == {"dns"}
     assert not [flow for flow in egress if flow[2] in (4317, 4318)]
+
+
+def test_scrapers_in_health_from_reach_worker_health_and_retrieval_metrics_ports() -> None:
+    scraper = "networkPolicy.healthFrom[0].namespaceSelector.matchLabels.name=monitoring"
+    ingress, _ = _flows(render(*PEER_VALUES, scraper))
+    scraped = {(owner, port) for owner, source, port in ingress if source == "any"}
+    assert ("retrieval", 9464) in scraped
+    assert {("ingest", 8201), ("reconcile", 8202), ("file-mirror", 8206)} <= scraped
+    # without a scraper, neither port is open
+    ingress, _ = _flows(render(*PEER_VALUES))
+    assert not {(o, p) for o, _, p in ingress if p in (9464, 8201)}
