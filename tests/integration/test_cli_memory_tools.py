@@ -14,7 +14,6 @@ from typing import Any
 
 import nats
 import pytest
-import uvicorn
 from nats.js.api import ConsumerConfig
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -31,6 +30,7 @@ from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
 from engram_retrieval.server import build_server
 from engram_retrieval.settings import RetrievalSettings
+from engram_testing.asgi import serving
 from engram_testing.upstream import ScriptedUpstream
 from engram_testing.worker_stack import RealRetrieval, running_retrieval, shared_embedder
 
@@ -392,26 +392,8 @@ async def running_gateway(nats_url: str, retrieval: RealRetrieval) -> AsyncItera
         llm_base_url=f"http://127.0.0.1:{free_port()}/v1",
         gateway_port=free_port(),
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=settings.gateway_port,
-            log_config=None,
-            lifespan="on",
-            ws="none",
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{settings.gateway_port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(create_app(settings), settings.gateway_port) as url:
+        yield url
 
 
 async def test_import_search_and_status_through_the_gateway(

@@ -9,6 +9,7 @@ import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,6 @@ import grpc
 import httpx2
 import nats
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -32,6 +32,7 @@ from engram_core.proto import pb, pb_grpc, to_timestamp
 from engram_core.retrieval_client import SERVICE_NAME
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
+from engram_testing.asgi import serving
 from engram_testing.upstream import ScriptedUpstream
 
 # --- fake retrieval ------------------------------------------------------------------
@@ -123,7 +124,8 @@ async def start_gateway(
     nats_url: str, scripted_upstream: ScriptedUpstream, fake_retrieval: FakeMemoryService
 ) -> AsyncIterator[StartGateway]:
     """``await start_gateway(**settings_overrides)`` → a gateway served on a free port."""
-    running: list[tuple[uvicorn.Server, asyncio.Task[None], RunningGateway]] = []
+    running: list[RunningGateway] = []
+    stack = AsyncExitStack()
 
     async def start(**overrides: Any) -> RunningGateway:
         values: dict[str, Any] = {
@@ -138,34 +140,18 @@ async def start_gateway(
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(spans))
         app = create_app(settings, tracer_provider=provider)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host="127.0.0.1",
-                port=settings.gateway_port,
-                log_config=None,
-                lifespan="on",
-                ws="none",
-            )
-        )
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("gateway did not start")
-            await asyncio.sleep(0.01)
-        gateway = RunningGateway(f"http://127.0.0.1:{settings.gateway_port}", app, settings, spans)
-        running.append((server, task, gateway))
+        url = await stack.enter_async_context(serving(app, settings.gateway_port))
+        gateway = RunningGateway(url, app, settings, spans)
+        running.append(gateway)
         return gateway
 
     try:
         yield start
     finally:
-        for server, task, gateway in running:
+        for gateway in running:
             for client in gateway.clients:
                 await client.aclose()
-            server.should_exit = True
-            await task
+        await stack.aclose()
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from contextlib import asynccontextmanager
 import nats
 from faststream.nats import NatsBroker, PubAck, StorageType, StreamConfig
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, ConsumerInfo, RetentionPolicy
+from nats.js.api import ConsumerConfig, ConsumerInfo, KeyValueConfig, RetentionPolicy
 from nats.js.errors import NotFoundError
+from nats.js.kv import KeyValue
 
 from engram_core import metrics, semconv
 from engram_core.events import (
@@ -50,6 +51,28 @@ def stream_config(replicas: int = 1) -> StreamConfig:
 
 def nats_servers(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
+
+
+@asynccontextmanager
+async def key_value_bucket(
+    nats_url: str, bucket: str, *, ttl_s: float
+) -> AsyncIterator[tuple[Client, KeyValue]]:
+    """A connection and the JetStream key-value ``bucket`` (created when absent, one
+    value per key, file storage, entries expire after ``ttl_s``); closed on exit.
+    Processes racing to create it all succeed: creating an identical bucket is a no-op.
+    """
+    nc = await nats.connect(servers=nats_servers(nats_url), max_reconnect_attempts=-1)
+    try:
+        js = nc.jetstream()
+        try:
+            kv = await js.key_value(bucket)
+        except NotFoundError:
+            kv = await js.create_key_value(
+                KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE)
+            )
+        yield nc, kv
+    finally:
+        await nc.close()
 
 
 @asynccontextmanager

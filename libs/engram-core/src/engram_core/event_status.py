@@ -18,13 +18,11 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Literal
 
-import nats
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
-from engram_core.bus import nats_servers
+from engram_core.bus import key_value_bucket
 from engram_core.events import utcnow
 
 EVENTS_BUCKET = "ENGRAM_EVENTS"
@@ -64,21 +62,8 @@ class EventStatusStore:
     @classmethod
     @asynccontextmanager
     async def connect(cls, nats_url: str) -> AsyncIterator[EventStatusStore]:
-        nc = await nats.connect(servers=nats_servers(nats_url), max_reconnect_attempts=-1)
-        try:
-            js = nc.jetstream()
-            try:
-                kv = await js.key_value(EVENTS_BUCKET)
-            except NotFoundError:  # the bucket does not exist yet
-                # Two processes racing here both succeed: an identical bucket is a no-op.
-                kv = await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=EVENTS_BUCKET, history=1, ttl=EVENTS_TTL_S, storage=StorageType.FILE
-                    )
-                )
+        async with key_value_bucket(nats_url, EVENTS_BUCKET, ttl_s=EVENTS_TTL_S) as (_, kv):
             yield cls(kv)
-        finally:
-            await nc.close()
 
     async def get(self, tenant: str, event_id: str) -> EventStatus | None:
         try:

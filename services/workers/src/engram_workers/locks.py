@@ -16,14 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 
-import nats
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, Field
 
-from engram_core.bus import nats_servers
+from engram_core.bus import key_value_bucket
 from engram_core.logging import get_logger
 
 log = get_logger(__name__)
@@ -61,20 +59,8 @@ class KeyLocks:
     async def connect(
         cls, nats_url: str, *, ttl_s: float = 30.0, wait_s: float = 60.0
     ) -> AsyncIterator[KeyLocks]:
-        nc = await nats.connect(servers=nats_servers(nats_url), max_reconnect_attempts=-1)
-        try:
-            js = nc.jetstream()
-            try:
-                kv = await js.key_value(LOCK_BUCKET)
-            except NotFoundError:  # the bucket does not exist yet
-                kv = await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=LOCK_BUCKET, history=1, ttl=ttl_s, storage=StorageType.FILE
-                    )
-                )
+        async with key_value_bucket(nats_url, LOCK_BUCKET, ttl_s=ttl_s) as (nc, kv):
             yield cls(kv, nc, ttl_s=ttl_s, wait_s=wait_s)
-        finally:
-            await nc.close()
 
     @classmethod
     def from_settings(
