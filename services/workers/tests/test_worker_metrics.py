@@ -68,3 +68,5 @@ async def test_metrics_count_handled_and_dead_lettered_events(
     )
     # read from JetStream at scrape time: everything was delivered
     assert sample(text, "engram_consumer_pending", engram_worker="ingest") == 0
+    # the dead letter is stored until someone replays or drops it
+    assert sample(text, "engram_dead_letters", engram_worker="ingest") == 1

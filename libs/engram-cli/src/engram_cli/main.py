@@ -70,6 +70,12 @@ def _cmd_reembed(args: argparse.Namespace) -> int:
     return reembed_command(args)
 
 
+def _cmd_dlq(args: argparse.Namespace) -> int:
+    from engram_cli.dlq import dlq_command
+
+    return dlq_command(args)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from engram_cli.status import status_command
 
@@ -102,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rebuild_parser(commands, _cmd_rebuild)
 
+    from engram_cli.dlq import add_dlq_parser
     from engram_cli.exporter import add_export_parser
     from engram_cli.importer import add_import_parser
     from engram_cli.reembed import add_reembed_parser
@@ -113,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(commands, _cmd_search)
     add_reembed_parser(commands, _cmd_reembed)
     add_status_parser(commands, _cmd_status)
+    add_dlq_parser(commands, _cmd_dlq)
     return parser
 
 

@@ -29,6 +29,7 @@ from engram_core.events import (
     MemoryChanged,
 )
 from engram_core.messaging_telemetry import NatsTracingMiddleware
+from engram_core.settings import parse_nats_urls
 
 PUBLISH_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
@@ -50,7 +51,8 @@ def stream_config(replicas: int = 1) -> StreamConfig:
 
 
 def nats_servers(url: str) -> list[str]:
-    return [part.strip() for part in url.split(",") if part.strip()]
+    """The server URLs of ``ENGRAM_NATS_URL`` (:func:`engram_core.settings.parse_nats_urls`)."""
+    return parse_nats_urls(url)
 
 
 @asynccontextmanager
@@ -76,13 +78,24 @@ async def key_value_bucket(
 
 
 @asynccontextmanager
-async def _admin_connection(nats_url: str) -> AsyncIterator[Client]:
-    """A short-lived connection for declarations; no reconnects, so start-up fails fast."""
+async def admin_connection(nats_url: str) -> AsyncIterator[Client]:
+    """A short-lived connection for declarations and admin commands that fails fast:
+    each server of the list is tried (twice) and then the connect gives up.
+
+    nats-py retries an initial connect forever when ``max_reconnect_attempts`` is 0;
+    1 makes it drop a server after its second failed attempt.
+    """
+
+    async def quiet(_: Exception) -> None:  # the caller reports the outcome
+        return None
+
     nc = await nats.connect(
         servers=nats_servers(nats_url),
         connect_timeout=CONNECT_TIMEOUT_S,
-        max_reconnect_attempts=0,
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0.2,
         allow_reconnect=False,
+        error_cb=quiet,
     )
     try:
         yield nc
@@ -113,7 +126,7 @@ async def ensure_stream(nats_url: str, replicas: int = 1) -> None:
     Idempotent: safe to call from every process at every start.
     """
     wanted = stream_config(replicas)
-    async with _admin_connection(nats_url) as nc:
+    async with admin_connection(nats_url) as nc:
         js = nc.jetstream()
         try:
             info = await js.stream_info(STREAM_NAME)
@@ -135,7 +148,7 @@ async def ensure_consumer(nats_url: str, config: ConsumerConfig) -> ConsumerInfo
     settings of whichever process created it first, so a changed ``max_deliver`` or
     ``ack_wait`` would never take effect.
     """
-    async with _admin_connection(nats_url) as nc:
+    async with admin_connection(nats_url) as nc:
         # Without an explicit action the server creates or updates (nats-server >= 2.10).
         return await nc.jetstream().add_consumer(STREAM_NAME, config=config)
 

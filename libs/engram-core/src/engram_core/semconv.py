@@ -82,4 +82,5 @@ METRIC_EVENTS_PROCESSED: Final = "engram.events.processed"  # {event}
 METRIC_EVENTS_REDELIVERED: Final = "engram.events.redelivered"  # {event}
 METRIC_EVENTS_DEAD_LETTERED: Final = "engram.events.dead_lettered"  # {event}
 METRIC_CONSUMER_PENDING: Final = "engram.consumer.pending"  # {message}
+METRIC_DEAD_LETTERS: Final = "engram.dead_letters"  # {message}
 METRIC_MEMORIES_CHANGED: Final = "engram.memories.changed"  # {memory}

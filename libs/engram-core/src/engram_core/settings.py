@@ -16,6 +16,19 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path(".engram")
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+def parse_nats_urls(value: str) -> list[str]:
+    """``ENGRAM_NATS_URL`` as a list of server URLs: one URL, or several separated by
+    commas (the nodes of a cluster). The one parser every process and command uses."""
+    urls = [part.strip() for part in value.split(",") if part.strip()]
+    if not urls:
+        raise ValueError("needs at least one nats://host:port URL")
+    for url in urls:
+        if not url.startswith(NATS_SCHEMES):
+            raise ValueError(f"must be nats://host:port (got {url!r})")
+    return urls
 
 
 class EngramSettings(BaseSettings):
@@ -35,7 +48,10 @@ class EngramSettings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", description="auto: console renderer on a TTY, JSON otherwise."
     )
-    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL(s).")
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        description="NATS server URL, or the URLs of a cluster's nodes separated by commas.",
+    )
     retrieval_address: str = Field(
         default="127.0.0.1:50051", description="host:port of the retrieval gRPC service."
     )
@@ -63,11 +79,13 @@ class EngramSettings(BaseSettings):
 
     @field_validator("nats_url")
     @classmethod
-    def _nats_scheme(cls, value: str) -> str:
-        for url in value.split(","):
-            if not url.strip().startswith(("nats://", "tls://", "ws://", "wss://")):
-                raise ValueError(f"must be nats://host:port (got {url!r})")
+    def _nats_urls(cls, value: str) -> str:
+        parse_nats_urls(value)
         return value
+
+    @property
+    def nats_servers(self) -> list[str]:
+        return parse_nats_urls(self.nats_url)
 
     @field_validator("retrieval_address")
     @classmethod

@@ -99,12 +99,27 @@ def _observe_pending(_: CallbackOptions) -> list[Observation]:
     ]
 
 
+def _observe_dead_letters(_: CallbackOptions) -> list[Observation]:
+    return [
+        Observation(worker.dead_letters, {semconv.ENGRAM_WORKER: worker.spec.name})
+        for worker in list(_live_workers)
+        if worker.dead_letters is not None
+    ]
+
+
 metrics.meter.create_observable_gauge(
     semconv.METRIC_CONSUMER_PENDING,
     callbacks=[_observe_pending],
     unit="{message}",
     description="Messages on the worker's subject not yet delivered to its durable consumer "
     "(JetStream num_pending).",
+)
+metrics.meter.create_observable_gauge(
+    semconv.METRIC_DEAD_LETTERS,
+    callbacks=[_observe_dead_letters],
+    unit="{message}",
+    description="Dead letters of the worker stored on engram.dlq.<worker> (every tenant), "
+    "until replayed or dropped (engram dlq).",
 )
 
 
@@ -281,6 +296,8 @@ class Worker(Generic[E]):
         self._consuming = False
         #: The durable consumer's num_pending at the last refresh (None: not read yet).
         self.pending: int | None = None
+        #: Dead letters stored on this worker's dead-letter subject at the last refresh.
+        self.dead_letters: int | None = None
         self._pending_task: asyncio.Task[None] | None = None
         self.health = (
             HealthServer(
@@ -353,15 +370,17 @@ class Worker(Generic[E]):
         return checks
 
     async def refresh_pending(self) -> None:
-        """Read the consumer's pending count from JetStream (lag, for the gauge)."""
+        """Read the consumer's pending count and the dead-letter depth from JetStream
+        (lag and dead letters, for the gauges)."""
+        js = self.broker.connection.jetstream(timeout=1.0)
         try:
-            info = await self.broker.connection.jetstream().consumer_info(
-                STREAM_NAME, self.spec.name, timeout=1.0
-            )
+            info = await js.consumer_info(STREAM_NAME, self.spec.name, timeout=1.0)
+            stream = await js.stream_info(STREAM_NAME, subjects_filter=self.dlq_subject)
         except Exception as exc:  # NATS away: keep the last value, readiness tells the rest
             log.debug("consumer.pending_unavailable", error=f"{type(exc).__name__}: {exc}")
             return
         self.pending = info.num_pending
+        self.dead_letters = sum((stream.state.subjects or {}).values())
 
     async def metrics_text(self) -> tuple[bytes, str]:
         """The ``/metrics`` body: this process's metrics, with a fresh pending count."""
