@@ -123,6 +123,12 @@ async def current_facts(
 # --- workers --------------------------------------------------------------------------------
 
 
+#: Retry settings under which a message that keeps failing transiently is delivered
+#: exactly twice: the first delivery (age < 0.25 s) is retried after 0.5 s; the second
+#: (age >= 0.5 s) would be retried after the 0.75 s horizon, so it is the last.
+HORIZON_AFTER_TWO_DELIVERIES: dict[str, Any] = {"retry_backoff_s": (0.5,), "retry_horizon_s": 0.75}
+
+
 def quick_settings(nats_url: str, retrieval_address: str = "") -> dict[str, Any]:
     """Settings every test worker shares: no health port, quick retries and shutdown."""
     values: dict[str, Any] = {

@@ -133,6 +133,8 @@ async def start_gateway(
             "retrieval_address": fake_retrieval.address,
             "llm_base_url": scripted_upstream.base_url,
             "gateway_port": free_port(),
+            # A NATS stopped by a test fails chats after a second, not the 15 s default.
+            "publish_retry_s": 1.0,
             **overrides,
         }
         settings = GatewaySettings(**values)

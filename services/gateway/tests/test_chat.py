@@ -588,7 +588,7 @@ async def test_retrieval_down_the_chat_goes_on_without_memory(
 
     ready = await client.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json()["checks"] == {"retrieval": "unavailable", "nats": "ok"}
+    assert ready.json()["checks"] == {"retrieval": "unavailable", "nats": "ok", "bus": "ok"}
 
 
 async def test_nats_down_is_503_and_nothing_is_forwarded(

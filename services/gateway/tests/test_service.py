@@ -72,7 +72,10 @@ async def test_healthz_and_readyz(client: httpx2.AsyncClient) -> None:
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     ready = await client.get("/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "checks": {"retrieval": "ok", "nats": "ok"}}
+    assert ready.json() == {
+        "status": "ready",
+        "checks": {"retrieval": "ok", "nats": "ok", "bus": "ok"},
+    }
     assert ready.headers["x-request-id"]
 
 

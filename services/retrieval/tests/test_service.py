@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -552,3 +553,19 @@ async def test_search_candidate_sources_from_settings(
     finally:
         await client.close()
         await running.stop(grace_s=0)
+
+
+async def test_a_full_disk_is_unavailable_so_callers_retry(
+    server: RunningServer, client: RetrievalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UNAVAILABLE says "try again": the workers retry it until space is freed instead
+    of dead-lettering the turn as they would an INTERNAL error after max_deliver."""
+
+    async def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(server.store, "upsert", no_space)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await client.upsert(pb.UpsertRequest(tenant="t1", memories=[fact("I like tea.")]))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert caught.value.details() == "memory store: disk full"

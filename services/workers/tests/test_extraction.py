@@ -25,6 +25,7 @@ from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
+    HORIZON_AFTER_TWO_DELIVERIES,
     RealRetrieval,
     WorkerStack,
     consumer_settled,
@@ -226,7 +227,7 @@ async def test_junk_output_gives_up_and_the_turn_stays_searchable(stack: Stack) 
 
 async def test_an_llm_that_stays_down_dead_letters_the_turn_event(stack: Stack) -> None:
     stack.upstream.replies = [UpstreamError(503)]
-    await stack.start(max_deliver=2)
+    await stack.start(**HORIZON_AFTER_TWO_DELIVERIES)
     await stack.send(turn(1, "I love pizza."))
     assert await dead_letter_count(stack.nats_url, "ingest") == 1  # to re-drive extraction
     assert await published(stack.nats_url, FactProposed) == []

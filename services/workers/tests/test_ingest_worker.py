@@ -15,6 +15,7 @@ from engram_cli.nats_server import free_port
 from engram_core.bus import publish_event
 from engram_core.events import STREAM_NAME, TurnPersisted
 from engram_core.proto import from_timestamp, pb
+from engram_testing.worker_stack import HORIZON_AFTER_TWO_DELIVERIES
 from engram_workers.ingest import turn_memory_id
 
 pytestmark = pytest.mark.integration
@@ -102,10 +103,25 @@ async def test_transient_failure_is_retried_with_backoff(ingest, publisher, even
     assert await ingest.dead_letter_count() == 0
 
 
-async def test_persistent_failure_is_dead_lettered_after_max_deliver(
+async def test_a_dependency_down_longer_than_max_deliver_retries_loses_nothing(
     ingest, publisher, eventually
 ) -> None:
-    await ingest.start(max_deliver=3, retry_backoff_s=(0.1,))
+    """Retried by time, not by count: six UNAVAILABLE answers with max_deliver 3."""
+    await ingest.start(max_deliver=3, retry_backoff_s=(0.05,))
+    service = ingest.retrieval.service
+    service.fail_next = [grpc.StatusCode.UNAVAILABLE] * 6
+    await publish_event(publisher, turn())
+
+    await eventually(lambda: len(service.upserts) == 1, what="the Upsert once it answers")
+    assert len(service.attempts) == 7
+    await eventually(ingest.settled, what="the ack")
+    assert await ingest.dead_letter_count() == 0
+
+
+async def test_a_dependency_down_past_the_retry_horizon_is_dead_lettered(
+    ingest, publisher, eventually
+) -> None:
+    await ingest.start(max_deliver=5, **HORIZON_AFTER_TWO_DELIVERIES)
     service = ingest.retrieval.service
     service.fail_always = grpc.StatusCode.UNAVAILABLE
     event = turn()
@@ -114,15 +130,33 @@ async def test_persistent_failure_is_dead_lettered_after_max_deliver(
     [letter] = await ingest.dead_letters(1)
     assert letter.worker == "ingest"
     assert letter.subject == TurnPersisted.subject
-    assert letter.deliveries == 3
-    assert "gave up after 3 deliveries" in letter.reason
+    assert letter.deliveries == 2
+    assert "still failing after" in letter.reason
+    assert "retry horizon 0.8s" in letter.reason
     assert "UNAVAILABLE" in letter.reason
     assert TurnPersisted.model_validate_json(letter.original_body) == event
     assert letter.original_headers["Nats-Msg-Id"] == event.event_id
     await eventually(ingest.settled, what="the original to be terminated")
+    await asyncio.sleep(0.6)  # longer than the backoff: no third attempt comes
+    assert len(service.attempts) == 2
+    assert service.upserts == []
+
+
+async def test_an_unexpected_failure_is_dead_lettered_after_max_deliver(
+    ingest, publisher, eventually
+) -> None:
+    await ingest.start(max_deliver=3, retry_backoff_s=(0.1,))
+    service = ingest.retrieval.service
+    service.fail_always = grpc.StatusCode.INTERNAL  # not a "try again"
+    await publish_event(publisher, turn())
+
+    [letter] = await ingest.dead_letters(1)
+    assert letter.deliveries == 3
+    assert "gave up after 3 deliveries" in letter.reason
+    assert "INTERNAL" in letter.reason
+    await eventually(ingest.settled, what="the original to be terminated")
     await asyncio.sleep(0.3)  # longer than the backoff: no fourth attempt comes
     assert len(service.attempts) == 3
-    assert service.upserts == []
 
 
 async def test_invalid_argument_is_dead_lettered_at_once(ingest, publisher, eventually) -> None:

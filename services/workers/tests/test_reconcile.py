@@ -33,6 +33,7 @@ from engram_core.proto import from_timestamp, pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
+    HORIZON_AFTER_TWO_DELIVERIES,
     RealRetrieval,
     WorkerStack,
     consumer_settled,
@@ -397,9 +398,9 @@ async def test_errors_and_timeouts_are_retried_until_the_model_answers(stack: St
     assert await dead_letter_count(stack.nats_url, "reconcile") == 0
 
 
-async def test_a_model_down_until_the_last_delivery_falls_back_to_add(stack: Stack) -> None:
+async def test_a_model_down_until_the_retry_horizon_falls_back_to_add(stack: Stack) -> None:
     stack.upstream.replies = [scripted_reconcile(UpstreamError(503))]
-    await stack.start(max_deliver=2)
+    await stack.start(**HORIZON_AFTER_TWO_DELIVERIES)
     await stack.propose(1, "User loves pizza")
     await stack.propose(2, "User hates pizza")
     assert len(stack.reconcile_inputs()) == 2

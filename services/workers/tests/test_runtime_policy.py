@@ -11,6 +11,7 @@ from engram_core.events import TurnPersisted
 from engram_core.settings import ConfigError, load_settings
 from engram_workers.ingest import IngestSettings, turn_memory, turn_memory_id
 from engram_workers.runtime import (
+    DependencyUnavailable,
     PermanentError,
     RetryableError,
     WorkerSettings,
@@ -59,9 +60,10 @@ def rpc_error(code: grpc.StatusCode) -> AioRpcError:
 @pytest.mark.parametrize(
     ("code", "kind"),
     [
-        (grpc.StatusCode.UNAVAILABLE, RetryableError),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, RetryableError),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, RetryableError),
+        (grpc.StatusCode.UNAVAILABLE, DependencyUnavailable),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, DependencyUnavailable),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, DependencyUnavailable),
+        (grpc.StatusCode.INTERNAL, RetryableError),
         (grpc.StatusCode.INVALID_ARGUMENT, PermanentError),
         (grpc.StatusCode.PERMISSION_DENIED, PermanentError),
         (grpc.StatusCode.UNIMPLEMENTED, PermanentError),
@@ -69,7 +71,7 @@ def rpc_error(code: grpc.StatusCode) -> AioRpcError:
 )
 def test_rpc_failures_are_classified(code: grpc.StatusCode, kind: type[Exception]) -> None:
     failure = rpc_failure("retrieval Upsert", rpc_error(code))
-    assert isinstance(failure, kind)
+    assert type(failure) is kind
     assert str(failure) == f"retrieval Upsert failed: {code.name}: boom"
 
 

@@ -6,8 +6,14 @@ import nats
 import pytest
 from nats.js.api import ConsumerConfig, StorageType, StreamConfig
 
-from engram_core.bus import StreamConfigConflict, ensure_consumer, ensure_stream
-from engram_core.events import DUPLICATE_WINDOW_S, STREAM_NAME
+from engram_core.bus import (
+    StreamConfigConflict,
+    ensure_consumer,
+    ensure_stream,
+    key_value_bucket,
+)
+from engram_core.events import STREAM_NAME
+from engram_core.retry import RetryPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +40,32 @@ async def test_ensure_stream_creates_the_stream_and_is_idempotent(nats_url: str)
     config = await stream_config(nats_url)
     assert config.subjects == ["engram.>"]
     assert config.storage == StorageType.FILE
-    assert config.duplicate_window == DUPLICATE_WINDOW_S
+    # derived from the retry policy: publish retries + timeout + one pass of redeliveries
+    assert config.duplicate_window == RetryPolicy().duplicate_window_s == 15 + 5 + 156
+
+
+async def test_a_short_duplicate_window_is_raised_in_place_and_a_longer_one_kept(
+    nats_url: str,
+) -> None:
+    await add_stream(nats_url, subjects=["engram.>"], duplicate_window=120.0)
+    await ensure_stream(nats_url, duplicate_window_s=300.0)
+    assert (await stream_config(nats_url)).duplicate_window == 300.0
+    await ensure_stream(nats_url, duplicate_window_s=200.0)  # an older process: no lowering
+    assert (await stream_config(nats_url)).duplicate_window == 300.0
+
+
+async def test_more_replicas_than_one_server_can_hold_is_refused_saying_how(
+    nats_url: str,
+) -> None:
+    await ensure_stream(nats_url)
+    with pytest.raises(StreamConfigConflict, match="need a NATS cluster") as caught:
+        await ensure_stream(nats_url, replicas=3)
+    assert "ENGRAM_STREAM_REPLICAS=1" in str(caught.value)
+    async with key_value_bucket(nats_url, "ENGRAM_PROBE", ttl_s=60) as (_, kv):
+        assert (await kv.status()).bucket == "ENGRAM_PROBE"
+    with pytest.raises(StreamConfigConflict, match="KV_ENGRAM_PROBE"):
+        async with key_value_bucket(nats_url, "ENGRAM_PROBE", ttl_s=60, replicas=3):
+            pass
 
 
 @pytest.mark.parametrize(
@@ -42,7 +73,6 @@ async def test_ensure_stream_creates_the_stream_and_is_idempotent(nats_url: str)
     [
         ({"subjects": ["other.>"]}, "subjects"),
         ({"subjects": ["engram.>"], "storage": StorageType.MEMORY}, "storage"),
-        ({"subjects": ["engram.>"], "duplicate_window": 1.0}, "duplicate_window"),
     ],
 )
 async def test_ensure_stream_refuses_a_conflicting_stream(

@@ -16,6 +16,7 @@ from engram_core.proto import pb, to_timestamp
 from engram_testing.upstream import ScriptedUpstream, UpstreamError
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
+    HORIZON_AFTER_TWO_DELIVERIES,
     RealRetrieval,
     ScriptedModel,
     WorkerStack,
@@ -243,19 +244,21 @@ async def test_model_junk_falls_back_to_a_rule_based_summary(
     assert summary.text == "User is allergic to peanuts. User lives in Porto."
 
 
-async def test_an_unavailable_model_is_retried_then_falls_back_on_the_last_delivery(
+async def test_an_unavailable_model_is_retried_then_falls_back_at_the_retry_horizon(
     workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["summarize"] = lambda payload: UpstreamError(503)
-    await workers.start(SUMMARIZE, settings(workers, scripted_upstream, max_deliver=3))
+    await workers.start(
+        SUMMARIZE, settings(workers, scripted_upstream, **HORIZON_AFTER_TWO_DELIVERIES)
+    )
     fact = await store_fact(retrieval, "User works night shifts.", 1)
     await publish_event(publisher, changed(TENANT, fact))
 
     summary = await summary_at(retrieval, 1)
     assert summary.text == "User works night shifts."
     assert summary.metadata["summarizer"] == "rule-based"
-    assert "unavailable on the last delivery" in summary.metadata["fallback_reason"]
-    assert len(model.calls) == 3  # one per delivery
+    assert "unavailable until the retry horizon" in summary.metadata["fallback_reason"]
+    assert len(model.calls) == 2  # one per delivery
     await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the ack")
     assert await dead_letter_count(workers.nats_url, "summarize") == 0
 

@@ -16,6 +16,7 @@ from engram_core.proto import from_timestamp, pb, to_timestamp
 from engram_testing.upstream import ScriptedUpstream, UpstreamError
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
+    HORIZON_AFTER_TWO_DELIVERIES,
     RealRetrieval,
     ScriptedModel,
     WorkerStack,
@@ -237,15 +238,15 @@ async def test_an_unavailable_model_is_retried_then_the_episode_falls_back(
     workers, retrieval, scripted_upstream, model, publisher
 ) -> None:
     model.answers["episode"] = lambda payload: UpstreamError(500)
-    await start_summarize(workers, scripted_upstream, max_deliver=3)
+    await start_summarize(workers, scripted_upstream, **HORIZON_AFTER_TWO_DELIVERIES)
     turns = await add_turns(retrieval, publisher, range(1, 22), announce=False)
     await publish_event(publisher, changed(TENANT, turns[-1]))  # one trigger: countable calls
 
     [episode] = await eventually(lambda: episodes(retrieval), what="the episode")
     await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the ack")
-    assert len(model.inputs("episode")) == 3  # one per delivery, the last falls back
+    assert len(model.inputs("episode")) == 2  # one per delivery, the last falls back
     assert episode.metadata["summarizer"] == "rule-based"
-    assert "unavailable on the last delivery" in episode.metadata["fallback_reason"]
+    assert "unavailable until the retry horizon" in episode.metadata["fallback_reason"]
     assert episode.text.startswith("Turns 1-20 (rule-based summary")
     assert await dead_letter_count(workers.nats_url, "summarize") == 0
     assert await turn_count(retrieval) == 21

@@ -1,52 +1,68 @@
 """JetStream plumbing shared by the gateway (publisher) and every worker (consumers).
 
 The stream is declared here once. Every process checks it at startup: a missing
-stream is created, a conflicting one (other subjects, storage, replicas, retention or
-a duplicate window too short for de-duplication) stops the process with a clear error
-instead of silently running against the wrong stream. FastStream's own stream
+stream is created; one with fewer replicas than ``ENGRAM_STREAM_REPLICAS`` or a
+shorter duplicate window than the retry policy needs is upgraded in place (JetStream
+edits both on a live stream; more replicas or a longer window are kept); a
+conflicting one (other subjects, storage or retention) stops the process with a clear
+error instead of silently running against the wrong stream. FastStream's own stream
 declaration is never used: it would quietly merge subjects into whatever exists.
+
+The key-value buckets (event status, locks) get the same replicas, and an existing
+bucket with fewer is upgraded in place the same way.
+
+Every publish waits for JetStream's acknowledgement and, when it does not come for a
+reason that says "try again" (no stream leader during an election, a node restart,
+a timeout), is retried with the same ``Nats-Msg-Id`` for ``ENGRAM_PUBLISH_RETRY_S``:
+a copy that did land is dropped by the stream's de-duplication.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import TypeVar
 
 import nats
 from faststream.nats import NatsBroker, PubAck, StorageType, StreamConfig
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, ConsumerInfo, KeyValueConfig, RetentionPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
 
 from engram_core import metrics, semconv
-from engram_core.events import (
-    DUPLICATE_WINDOW_S,
-    STREAM_NAME,
-    STREAM_SUBJECTS,
-    Event,
-    MemoryChanged,
-)
+from engram_core.events import STREAM_NAME, STREAM_SUBJECTS, Event, MemoryChanged
+from engram_core.logging import get_logger
 from engram_core.messaging_telemetry import NatsTracingMiddleware
+from engram_core.retry import PUBLISH_TIMEOUT_S, RetryPolicy, retry_transient
 from engram_core.settings import parse_nats_urls
 
-PUBLISH_TIMEOUT_S = 5.0
+__all__ = ["PUBLISH_TIMEOUT_S", "StreamConfigConflict", "ensure_stream", "publish_event"]
+
 CONNECT_TIMEOUT_S = 5.0
+T = TypeVar("T")
+DEFAULT_DUPLICATE_WINDOW_S = RetryPolicy().duplicate_window_s
+
+log = get_logger(__name__)
 
 
 class StreamConfigConflict(RuntimeError):
     """The ENGRAM stream exists with a configuration Engram did not declare."""
 
 
-def stream_config(replicas: int = 1) -> StreamConfig:
+def stream_config(
+    replicas: int = 1, duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+) -> StreamConfig:
     return StreamConfig(
         name=STREAM_NAME,
         subjects=list(STREAM_SUBJECTS),
         storage=StorageType.FILE,
         retention=RetentionPolicy.LIMITS,
         num_replicas=replicas,
-        duplicate_window=DUPLICATE_WINDOW_S,
+        duplicate_window=duplicate_window_s,
     )
 
 
@@ -55,26 +71,98 @@ def nats_servers(url: str) -> list[str]:
     return parse_nats_urls(url)
 
 
+async def _more_replicas(js: JetStreamContext, config: StreamConfig, replicas: int) -> None:
+    """Raise a stream's replica count in place (R1 → R3 on a cluster)."""
+    try:
+        await js.update_stream(replace(config, num_replicas=replicas))
+    except APIError as exc:
+        raise StreamConfigConflict(
+            f"JetStream stream {config.name!r} has {config.num_replicas or 1} replica(s) and "
+            f"cannot be raised to {replicas} here ({exc.description or exc}). Replicas above 1 "
+            "need a NATS cluster with at least that many JetStream servers; on one server "
+            "set ENGRAM_STREAM_REPLICAS=1. docs/deploy.md: moving to a NATS cluster."
+        ) from None
+    log.info("stream.replicas_raised", stream=config.name, replicas=replicas)
+
+
+async def open_bucket(
+    js: JetStreamContext, bucket: str, *, ttl_s: float, replicas: int = 1
+) -> KeyValue:
+    """The key-value ``bucket``: created when absent (one value per key, file storage,
+    entries expire after ``ttl_s``, ``replicas`` copies), raised to ``replicas`` when it
+    has fewer. Processes racing to create it all succeed (an identical create is a no-op).
+    """
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+    except NotFoundError:
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas
+            )
+        )
+    if (info.config.num_replicas or 1) < replicas:
+        await _more_replicas(js, info.config, replicas)
+    return await js.key_value(bucket)
+
+
 @asynccontextmanager
 async def key_value_bucket(
-    nats_url: str, bucket: str, *, ttl_s: float
+    nats_url: str, bucket: str, *, ttl_s: float, replicas: int = 1
 ) -> AsyncIterator[tuple[Client, KeyValue]]:
-    """A connection and the JetStream key-value ``bucket`` (created when absent, one
-    value per key, file storage, entries expire after ``ttl_s``); closed on exit.
-    Processes racing to create it all succeed: creating an identical bucket is a no-op.
-    """
-    nc = await nats.connect(servers=nats_servers(nats_url), max_reconnect_attempts=-1)
+    """A connection (reconnecting forever) and the key-value ``bucket``
+    (:func:`open_bucket`); closed on exit. While NATS, or the node that holds the
+    bucket, cannot answer, it waits (retrying with backoff, a line per attempt):
+    a process starts, not ready, and gets its bucket when the cluster can serve it."""
+    nc = await until_reachable(f"NATS for bucket {bucket}", lambda: connect_for_service(nats_url))
     try:
-        js = nc.jetstream()
-        try:
-            kv = await js.key_value(bucket)
-        except NotFoundError:
-            kv = await js.create_key_value(
-                KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE)
-            )
+        kv = await until_reachable(
+            f"bucket {bucket}",
+            lambda: open_bucket(
+                nc.jetstream(timeout=CONNECT_TIMEOUT_S), bucket, ttl_s=ttl_s, replicas=replicas
+            ),
+        )
         yield nc, kv
     finally:
         await nc.close()
+
+
+async def until_reachable(what: str, call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, retried with backoff (up to 5 s) for as long as it fails with
+    an error that says "try again"; any other error is raised."""
+
+    def report(exc: BaseException, pause: float) -> None:
+        log.warning(
+            "nats.waiting",
+            waiting_for=what,
+            error=f"{type(exc).__name__}: {exc}",
+            delay_s=round(pause, 2),
+        )
+
+    return await retry_transient(call, budget_s=None, on_retry=report, max_delay_s=5.0)
+
+
+async def connect_for_service(nats_url: str) -> Client:
+    """A long-lived connection: every URL of the list, reconnecting forever (a node
+    restart of any length), the first connect bounded per attempt so a caller retrying
+    start-up (see :func:`engram_core.retry.retry_transient`) sees each failure."""
+
+    async def quiet(_: Exception) -> None:  # reconnects are reported by readiness
+        return None
+
+    nc = Client()
+    await nc.connect(
+        servers=nats_servers(nats_url),
+        connect_timeout=CONNECT_TIMEOUT_S,
+        allow_reconnect=False,
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0.2,
+        error_cb=quiet,
+    )
+    # Connected: from now on, keep reconnecting whatever the outage.
+    nc.options["allow_reconnect"] = True
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = 1.0
+    return nc
 
 
 @asynccontextmanager
@@ -109,23 +197,22 @@ def _stream_problems(have: StreamConfig, wanted: StreamConfig) -> list[str]:
         problems.append(f"subjects {have.subjects} != {wanted.subjects}")
     if have.storage != wanted.storage:
         problems.append(f"storage {have.storage} != {wanted.storage}")
-    if (have.num_replicas or 1) != wanted.num_replicas:
-        problems.append(f"replicas {have.num_replicas} != {wanted.num_replicas}")
     # Work-queue or interest retention would let one worker's ack delete another's message.
     if (have.retention or RetentionPolicy.LIMITS) != RetentionPolicy.LIMITS:
         problems.append(f"retention {have.retention} != {RetentionPolicy.LIMITS}")
-    # Shorter than ours and a re-published event could be stored (and handled) twice.
-    if (have.duplicate_window or 0) < wanted.duplicate_window:
-        problems.append(f"duplicate_window {have.duplicate_window}s < {wanted.duplicate_window}s")
     return problems
 
 
-async def ensure_stream(nats_url: str, replicas: int = 1) -> None:
-    """Create the stream if missing; fail loudly if it exists with a different shape.
+async def ensure_stream(
+    nats_url: str, replicas: int = 1, duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S
+) -> None:
+    """Create the stream if missing, raise its replicas and duplicate window to what
+    this process needs, and fail loudly if it exists with a different shape.
 
-    Idempotent: safe to call from every process at every start.
+    Idempotent: safe to call from every process at every start. A process configured
+    with fewer replicas or a shorter window than the stream has never lowers them.
     """
-    wanted = stream_config(replicas)
+    wanted = stream_config(replicas, duplicate_window_s)
     async with admin_connection(nats_url) as nc:
         js = nc.jetstream()
         try:
@@ -139,6 +226,13 @@ async def ensure_stream(nats_url: str, replicas: int = 1) -> None:
                 f"JetStream stream {STREAM_NAME!r} exists with a conflicting configuration: "
                 + "; ".join(problems)
             )
+        if (info.config.duplicate_window or 0) < duplicate_window_s:
+            # Shorter than ours and a re-published event could be stored (and handled) twice.
+            await js.update_stream(replace(info.config, duplicate_window=duplicate_window_s))
+            log.info("stream.duplicate_window_raised", duplicate_window_s=duplicate_window_s)
+            info = await js.stream_info(STREAM_NAME)
+        if (info.config.num_replicas or 1) < replicas:
+            await _more_replicas(js, info.config, replicas)
 
 
 async def ensure_consumer(nats_url: str, config: ConsumerConfig) -> ConsumerInfo:
@@ -179,21 +273,62 @@ def make_broker(
     )
 
 
-async def publish_event(
-    broker: NatsBroker, event: Event, *, headers: Mapping[str, str] | None = None
+async def publish_with_retries(
+    broker: NatsBroker,
+    body: object,
+    *,
+    subject: str,
+    msg_id: str,
+    headers: Mapping[str, str] | None = None,
+    retry_s: float = 0.0,
 ) -> PubAck:
-    """Publish and wait for the JetStream ack ("persisted" means acknowledged).
+    """Publish to the stream and wait for its ack; a failure that says "try again" is
+    retried with the same ``Nats-Msg-Id`` for ``retry_s`` (then the last error is raised).
+    """
+
+    async def once() -> PubAck:
+        ack: PubAck = await broker.publish(
+            body,
+            subject=subject,
+            headers={**(headers or {}), "Nats-Msg-Id": msg_id},
+            stream=STREAM_NAME,
+            timeout=PUBLISH_TIMEOUT_S,
+        )
+        return ack
+
+    def report(exc: BaseException, pause: float) -> None:
+        log.warning(
+            "publish.retry",
+            subject=subject,
+            msg_id=msg_id,
+            error=f"{type(exc).__name__}: {exc}",
+            delay_s=round(pause, 2),
+        )
+
+    return await retry_transient(once, budget_s=retry_s, on_retry=report)
+
+
+async def publish_event(
+    broker: NatsBroker,
+    event: Event,
+    *,
+    headers: Mapping[str, str] | None = None,
+    retry_s: float = 0.0,
+) -> PubAck:
+    """Publish and wait for the JetStream ack ("persisted" means acknowledged),
+    retrying for ``retry_s`` (``ENGRAM_PUBLISH_RETRY_S``) what says "try again".
 
     An acknowledged :class:`MemoryChanged` counts in ``engram.memories.changed`` (by the
     memory's kind and the op): counted where changes are announced, so every producer
     (workers and the gateway's memory API) is covered once, whoever consumes them.
     """
-    ack = await broker.publish(
+    ack = await publish_with_retries(
+        broker,
         event.model_dump(mode="json"),
         subject=event.subject,
-        headers={**(headers or {}), "Nats-Msg-Id": event.event_id},
-        stream=STREAM_NAME,
-        timeout=PUBLISH_TIMEOUT_S,
+        msg_id=event.event_id,
+        headers=headers,
+        retry_s=retry_s,
     )
     if isinstance(event, MemoryChanged) and not getattr(ack, "duplicate", False):
         metrics.memories_changed.add(

@@ -8,6 +8,11 @@ or when reconcile applied the facts ingest proposed from it (``follow_up``).
 
 Keys hash the tenant with the event id: another tenant asking for the same id reads
 a different key, and finds nothing.
+
+The workers' updates are best effort (:func:`record_status`): retried while the bucket
+is unreachable for a bounded time, then given up with an error line. A status store
+that is down must never hold back or drop the facts themselves; a followed event whose
+update was given up on stays ``pending``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engram_core.bus import key_value_bucket
 from engram_core.events import utcnow
+from engram_core.logging import get_logger
+from engram_core.retry import retry_transient
+
+log = get_logger(__name__)
 
 EVENTS_BUCKET = "ENGRAM_EVENTS"
 #: Records expire after this long; a client polls for minutes, not weeks.
@@ -61,8 +70,10 @@ class EventStatusStore:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, nats_url: str) -> AsyncIterator[EventStatusStore]:
-        async with key_value_bucket(nats_url, EVENTS_BUCKET, ttl_s=EVENTS_TTL_S) as (_, kv):
+    async def connect(cls, nats_url: str, *, replicas: int = 1) -> AsyncIterator[EventStatusStore]:
+        async with key_value_bucket(
+            nats_url, EVENTS_BUCKET, ttl_s=EVENTS_TTL_S, replicas=replicas
+        ) as (_, kv):
             yield cls(kv)
 
     async def get(self, tenant: str, event_id: str) -> EventStatus | None:
@@ -102,3 +113,29 @@ class EventStatusStore:
             await self.put(tenant, event_id, current.waiting_for(follow_up))
         else:
             await self.put(tenant, event_id, current.applied())
+
+
+async def record_status(
+    statuses: EventStatusStore,
+    tenant: str,
+    event_id: str,
+    *,
+    follow_up: str = "",
+    budget_s: float,
+) -> bool:
+    """:meth:`EventStatusStore.update_if_followed`, retried for ``budget_s`` while the
+    store says "try again"; False (and an error line) when it was given up on."""
+    try:
+        await retry_transient(
+            lambda: statuses.update_if_followed(tenant, event_id, follow_up=follow_up),
+            budget_s=budget_s,
+        )
+    except Exception as exc:
+        log.error(
+            "event_status.not_recorded",
+            status_event_id=event_id,
+            follow_up=follow_up,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return False
+    return True

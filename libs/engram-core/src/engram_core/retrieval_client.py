@@ -2,6 +2,12 @@
 
 Create it inside a lifespan/startup hook (never at import) after
 :func:`engram_core.telemetry.instrument_grpc_client`, so calls carry trace context.
+
+The channel reconnects with a short backoff (0.25 s doubling to at most 2 s instead of
+gRPC's default 120 s), so callers recover within a few seconds of retrieval serving
+again instead of answering "memory unavailable" for minutes; keepalive pings (every
+20 s, also while idle; the server accepts them, :data:`SERVER_KEEPALIVE_OPTIONS`)
+notice a connection that died silently (a node gone, a NAT dropping it).
 """
 
 from __future__ import annotations
@@ -23,17 +29,33 @@ SEARCH_STAGES = (
 )
 
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+KEEPALIVE_TIME_MS = 20_000
+#: What a client channel to retrieval uses (gateway, workers, CLI).
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+#: What the retrieval server needs to accept those pings (it would otherwise answer
+#: pings more often than every 5 minutes without data with GOAWAY "too_many_pings").
+SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+)
+
+
 class RetrievalClient:
     def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-            ],
-        )
+        self._channel = grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
         self.stub = pb_grpc.MemoryServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

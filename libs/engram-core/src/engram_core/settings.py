@@ -15,6 +15,8 @@ from typing import Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engram_core.retry import RetrySettings
+
 DEFAULT_DATA_DIR = Path(".engram")
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
@@ -31,8 +33,8 @@ def parse_nats_urls(value: str) -> list[str]:
     return urls
 
 
-class EngramSettings(BaseSettings):
-    """Variables every Engram process understands."""
+class EngramSettings(BaseSettings, RetrySettings):
+    """Variables every Engram process understands (the retry policy included)."""
 
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_",
@@ -110,6 +112,9 @@ def load_settings(cls: type[S], **overrides: object) -> S:
     except ValidationError as exc:
         lines = []
         for error in exc.errors():
+            if not error["loc"]:  # a rule across variables: its message names them
+                lines.append(f"  {error['msg'].removeprefix('Value error, ')}")
+                continue
             name = "ENGRAM_" + "_".join(str(p) for p in error["loc"]).upper()
             lines.append(f"  {name}: {error['msg']}")
         raise ConfigError(

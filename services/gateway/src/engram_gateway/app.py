@@ -1,6 +1,7 @@
 """The gateway's app factory. Nothing connects at import: the retrieval channel, the
 NATS broker and the upstream HTTP client are built in the lifespan and closed on
 shutdown (after the assistant turns still being published are given time to land).
+An unreachable NATS does not stop start-up (:mod:`engram_gateway.bus_link`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 from opentelemetry.trace import TracerProvider, get_tracer
 
-from engram_core.bus import ensure_stream, make_broker
-from engram_core.event_status import EventStatusStore
+from engram_core.bus import make_broker
 from engram_core.logging import get_logger
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
 from engram_gateway import admin, chat, health, memory_api, passthrough
 from engram_gateway.bodies import BodyLimitMiddleware
+from engram_gateway.bus_link import BusLink
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState, RequestIdMiddleware
@@ -62,10 +63,11 @@ def create_app(
             )
             stack.push_async_callback(retrieval.close)
 
-            await ensure_stream(settings.nats_url, settings.stream_replicas)
             broker = make_broker(settings.nats_url, client_name=CLIENT_NAME)
-            await broker.start()
             stack.push_async_callback(_stop_broker, broker)
+            bus = BusLink(settings, broker)
+            stack.push_async_callback(bus.stop)
+            await bus.start()
 
             http = make_http_client(settings)
             stack.push_async_callback(http.aclose)
@@ -73,9 +75,7 @@ def create_app(
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
-            statuses = await stack.enter_async_context(EventStatusStore.connect(settings.nats_url))
-
-            publisher = TurnPublisher(broker)
+            publisher = TurnPublisher(broker, retry_s=settings.retry_policy.publish_retry_s)
             # Runs first on the way out: turns in flight land before the broker closes.
             stack.push_async_callback(publisher.drain, settings.gateway_publish_drain_s)
 
@@ -85,7 +85,7 @@ def create_app(
                 broker=broker,
                 publisher=publisher,
                 upstream=Upstream(settings, http, llm),
-                statuses=statuses,
+                bus=bus,
                 tracer=get_tracer("engram.gateway", tracer_provider=tracer_provider),
             )
             if keys is None:

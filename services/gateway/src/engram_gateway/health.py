@@ -28,7 +28,8 @@ async def metrics() -> Response:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Ready when retrieval reports SERVING and NATS is connected.
+    """Ready when retrieval reports SERVING, NATS is connected and the stream and the
+    event-status bucket were reached (``bus``).
 
     The upstream LLM is not checked: it is the caller's dependency as much as ours,
     and its failures are reported per request (502/504).
@@ -39,6 +40,7 @@ async def readyz(request: Request) -> Response:
     checks = {
         "retrieval": "ok" if retrieval_ok else "unavailable",
         "nats": "ok" if nats_ok else "unavailable",
+        "bus": "ok" if state.bus.ready else f"waiting for the {state.bus.waiting_for}",
     }
     failed = [name for name, status in checks.items() if status != "ok"]
     if not failed:

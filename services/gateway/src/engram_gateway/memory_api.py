@@ -30,6 +30,7 @@ from engram_core.events import MemoryChanged, MemoryChangeOp, deterministic_even
 from engram_core.logging import get_logger
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import KIND_BY_NAME, SCOPE_NAMES, from_timestamp, pb, to_timestamp
+from engram_core.retry import retry_transient
 from engram_gateway.controls import MemoryControls
 from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayError, bad_request
 from engram_gateway.memory import hit_json, search_request
@@ -172,7 +173,7 @@ async def _announce(state: GatewayState, events: list[MemoryChanged]) -> dict[st
     """Publish the changes for the mirror; the response headers to add."""
     try:
         for event in events:
-            await publish_event(state.broker, event)
+            await publish_event(state.broker, event, retry_s=state.publisher.retry_s)
     except Exception as exc:
         log.error(
             "memory change not announced; the mirror misses it",
@@ -485,9 +486,9 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
                 model=body.model,
             )
             event = scope.event("user", text, created_at=body.created_at)
-            if not state.publisher.is_connected():
+            if not state.publisher.may_reconnect():
                 raise TurnNotPersisted("not connected to NATS")
-            await state.statuses.register(tenant, event.event_id)  # before ingest can see it
+            await _register(state, tenant, event.event_id)  # before ingest can see it
             await state.publisher.publish(event)
             event_ids.append(event.event_id)
     except (TurnNotPersisted, OSError, TimeoutError) as exc:
@@ -502,6 +503,16 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
         ) from None
     log.info("memory add accepted", turns=len(event_ids), conversation_id=body.conversation)
     return _json(Accepted(event_ids=event_ids), 202)
+
+
+async def _register(state: GatewayState, tenant: str, event_id: str) -> None:
+    statuses = state.statuses
+    try:
+        await retry_transient(
+            lambda: statuses.register(tenant, event_id), budget_s=state.publisher.retry_s
+        )
+    except Exception as exc:
+        raise TurnNotPersisted(f"event status: {type(exc).__name__}") from exc
 
 
 @router.get(

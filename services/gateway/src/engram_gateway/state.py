@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_core.event_status import EventStatusStore
 from engram_core.retrieval_client import RetrievalClient
+from engram_gateway.bus_link import BusLink
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream
@@ -30,9 +31,14 @@ class GatewayState:
     broker: NatsBroker
     publisher: TurnPublisher
     upstream: Upstream
-    statuses: EventStatusStore
+    bus: BusLink
     #: For the gateway's own spans (the upstream LLM call): the app's tracer provider.
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("engram.gateway"))
+
+    @property
+    def statuses(self) -> EventStatusStore:
+        """The event-status store; 503 while the bus link is not up yet."""
+        return self.bus.statuses
 
 
 def gateway_state(request: Request) -> GatewayState:

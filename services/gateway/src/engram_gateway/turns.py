@@ -2,9 +2,12 @@
 
 The user turn is published (and acknowledged) before the request goes upstream; if
 that fails the caller gets a 503 and nothing is forwarded. The assistant turn is
-published once the reply is complete. Ids are derived from the request id, so a
-re-publish of the same turn carries the same ``event_id`` (= ``Nats-Msg-Id``) and
-JetStream drops the duplicate.
+published once the reply is complete, in a task that outlives the request. Both are
+retried with the same ``Nats-Msg-Id`` for ``ENGRAM_PUBLISH_RETRY_S`` when JetStream
+does not acknowledge them for a reason that says "try again" (a leader election, a
+node restart); a client connection that is closed for good fails at once. Ids are
+derived from the request id, so a re-publish of the same turn carries the same
+``event_id`` (= ``Nats-Msg-Id``) and JetStream drops the duplicate.
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ class TurnScope:
 class TurnPublisher:
     """Publishes turns and keeps track of the ones still in flight at shutdown."""
 
-    def __init__(self, broker: NatsBroker) -> None:
+    def __init__(self, broker: NatsBroker, *, retry_s: float = 0.0) -> None:
         self._broker = broker
+        self.retry_s = retry_s
         self._pending: set[asyncio.Task[Any]] = set()
 
     def is_connected(self) -> bool:
@@ -84,14 +88,22 @@ class TurnPublisher:
         except Exception:  # not connected yet, or already stopped
             return False
 
+    def may_reconnect(self) -> bool:
+        """Connected, or reconnecting (a publish may still land within the retries)."""
+        try:
+            connection = self._broker.connection
+            return bool(connection.is_connected or connection.is_reconnecting)
+        except Exception:
+            return False
+
     async def publish(self, event: TurnPersisted) -> None:
-        """Wait for the JetStream ack; raise :class:`TurnNotPersisted` otherwise."""
-        # A disconnected client would buffer the message and wait out the publish
-        # timeout; failing at once lets the caller retry sooner.
-        if not self.is_connected():
+        """Wait for the JetStream ack (retried for ``retry_s``); raise
+        :class:`TurnNotPersisted` otherwise."""
+        # A client that is not even trying to reconnect would only wait out the retries.
+        if not self.may_reconnect():
             raise TurnNotPersisted("not connected to NATS")
         try:
-            ack = await publish_event(self._broker, event)
+            ack = await publish_event(self._broker, event, retry_s=self.retry_s)
         except Exception as exc:
             raise TurnNotPersisted(f"{type(exc).__name__}: {exc}") from exc
         log.debug(

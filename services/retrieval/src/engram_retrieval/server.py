@@ -15,7 +15,7 @@ from opentelemetry import trace
 from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.proto import pb_grpc
-from engram_core.retrieval_client import SERVICE_NAME
+from engram_core.retrieval_client import SERVER_KEEPALIVE_OPTIONS, SERVICE_NAME
 from engram_core.telemetry import instrument_grpc_server
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import RankingParams
@@ -129,6 +129,7 @@ async def build_server(
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
+                *SERVER_KEEPALIVE_OPTIONS,
             ]
         )
         pb_grpc.add_MemoryServiceServicer_to_server(servicer, server)

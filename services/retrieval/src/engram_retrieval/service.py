@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import errno
 import functools
 import json
 import time
@@ -93,6 +94,14 @@ class RequestError(Exception):
         self.code = code
 
 
+def _disk_full(exc: BaseException) -> bool:
+    """The store's write failed for lack of space (an OSError, or the embedded store's
+    own error carrying the OS message)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "no space left on device" in str(exc).lower()
+
+
 def _rpc(
     fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
@@ -107,7 +116,11 @@ def _rpc(
         except StoreError as exc:
             log.error("store unavailable", rpc=fn.__name__, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
-        except Exception:
+        except Exception as exc:
+            if _disk_full(exc):
+                # Callers retry UNAVAILABLE until space is freed (nothing is dead-lettered).
+                log.error("store disk full", rpc=fn.__name__, error=str(exc))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store: disk full")
             log.exception("rpc failed", rpc=fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__} failed")
         raise AssertionError("unreachable: context.abort raises")

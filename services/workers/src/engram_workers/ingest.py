@@ -24,6 +24,7 @@ import grpc
 from pydantic import Field
 
 from engram_core.event_status import EventStatusStore
+from engram_core.event_status import record_status as record_event_status
 from engram_core.events import MemoryChanged, TurnPersisted, deterministic_event_id
 from engram_core.logging import get_logger
 from engram_core.memory_record import record_from_pb
@@ -85,7 +86,9 @@ async def ingest_resources(worker: Worker[Any]) -> AsyncIterator[IngestResources
     settings: IngestSettings = worker.settings  # type: ignore[assignment]
     llm = LlmClient(settings) if settings.extraction_enabled else None
     try:
-        async with EventStatusStore.connect(settings.nats_url) as statuses:
+        async with EventStatusStore.connect(
+            settings.nats_url, replicas=settings.stream_replicas
+        ) as statuses:
             yield IngestResources(settings=settings, llm=llm, statuses=statuses)
     finally:
         if llm is not None:
@@ -182,14 +185,18 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
 
 
 async def record_status(event: TurnPersisted, delivery: Delivery, follow_up: str = "") -> None:
-    """A followed turn (``POST /v1/memories/add``) is applied, or waits for ``follow_up``."""
+    """A followed turn (``POST /v1/memories/add``) is applied, or waits for ``follow_up``.
+    Best effort: a status store that stays unreachable never holds back the facts."""
     statuses = getattr(delivery.resources, "statuses", None)
     if statuses is None:
         return
-    try:
-        await statuses.update_if_followed(event.tenant, event.event_id, follow_up=follow_up)
-    except Exception as exc:
-        raise RetryableError(f"event status: {type(exc).__name__}: {exc}") from exc
+    await record_event_status(
+        statuses,
+        event.tenant,
+        event.event_id,
+        follow_up=follow_up,
+        budget_s=delivery.worker.retry_policy.publish_retry_s,
+    )
 
 
 async def extract_and_propose(

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
+from engram_core.retry import TransientError
 
 log = get_logger(__name__)
 
@@ -57,7 +58,7 @@ class LlmError(Exception):
     """Base of the LLM client's errors."""
 
 
-class LlmUnavailable(LlmError):
+class LlmUnavailable(LlmError, TransientError):
     """Transient: rate limited, upstream 5xx, timeout or connection failure."""
 
 

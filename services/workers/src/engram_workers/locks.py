@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from engram_core.bus import key_value_bucket
 from engram_core.logging import get_logger
+from engram_core.retry import TransientError
 
 log = get_logger(__name__)
 
@@ -40,8 +41,8 @@ class LockSettingsMixin(BaseModel):
     )
 
 
-class LockTimeout(Exception):
-    """The lock stayed busy for longer than the caller was willing to wait."""
+class LockTimeout(TransientError):
+    """The lock stayed busy for longer than the caller was willing to wait (try again)."""
 
 
 class KeyLocks:
@@ -57,17 +58,26 @@ class KeyLocks:
     @classmethod
     @asynccontextmanager
     async def connect(
-        cls, nats_url: str, *, ttl_s: float = 30.0, wait_s: float = 60.0
+        cls, nats_url: str, *, ttl_s: float = 30.0, wait_s: float = 60.0, replicas: int = 1
     ) -> AsyncIterator[KeyLocks]:
-        async with key_value_bucket(nats_url, LOCK_BUCKET, ttl_s=ttl_s) as (nc, kv):
+        async with key_value_bucket(nats_url, LOCK_BUCKET, ttl_s=ttl_s, replicas=replicas) as (
+            nc,
+            kv,
+        ):
             yield cls(kv, nc, ttl_s=ttl_s, wait_s=wait_s)
 
     @classmethod
     def from_settings(
         cls, settings: LockSettingsMixin, nats_url: str
     ) -> AbstractAsyncContextManager[KeyLocks]:
-        """``connect`` with a worker's lock settings (an async context manager)."""
-        return cls.connect(nats_url, ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s)
+        """``connect`` with a worker's lock settings and its stream replicas (an async
+        context manager)."""
+        return cls.connect(
+            nats_url,
+            ttl_s=settings.lock_ttl_s,
+            wait_s=settings.lock_wait_s,
+            replicas=getattr(settings, "stream_replicas", 1),
+        )
 
     @staticmethod
     def key(*parts: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import grpc
 from pydantic import Field
 
-from engram_core.event_status import EventStatusStore
+from engram_core.event_status import EventStatusStore, record_status
 from engram_core.events import (
     DEFAULT_CONVERSATION,
     FactProposed,
@@ -147,7 +147,9 @@ async def reconcile_resources(worker: Worker[Any]) -> AsyncIterator[ReconcileRes
     try:
         async with (
             KeyLocks.from_settings(settings, settings.nats_url) as locks,
-            EventStatusStore.connect(settings.nats_url) as statuses,
+            EventStatusStore.connect(
+                settings.nats_url, replicas=settings.stream_replicas
+            ) as statuses,
         ):
             yield ReconcileResources(settings=settings, llm=llm, locks=locks, statuses=statuses)
     finally:
@@ -444,9 +446,9 @@ class Reconciler:
                 schema=tasks.ReconcileOutput,
             )
         except LlmUnavailable as exc:
-            if self.delivery.attempt < self.settings.max_deliver:
+            if not self.delivery.last_chance:
                 raise RetryableError(f"reconcile: {exc}") from exc
-            # Last allowed delivery: a dead letter would strand the facts; add them.
+            # The retry horizon is reached: a dead letter would strand the facts; add them.
             log.warning("reconcile.llm_fallback", reason=str(exc), final_delivery=True)
             return [FactDecision("FALLBACK", fact) for fact in facts]
         except (LlmOutputError, LlmRequestError) as exc:
@@ -719,10 +721,12 @@ async def reconcile_facts(event: FactProposed, delivery: Delivery) -> None:
         raise RetryableError(f"conversation lock: {exc}") from exc
     statuses = getattr(resources, "statuses", None)
     if statuses is not None:
-        try:
-            await statuses.update_if_followed(event.tenant, event.event_id)
-        except Exception as exc:
-            raise RetryableError(f"event status: {type(exc).__name__}: {exc}") from exc
+        await record_status(
+            statuses,
+            event.tenant,
+            event.event_id,
+            budget_s=delivery.worker.retry_policy.publish_retry_s,
+        )
 
 
 RECONCILE = WorkerSpec(

@@ -6,11 +6,13 @@ owns everything else:
 
 - the JetStream stream check and a durable **pull** consumer named after the worker
   (every replica binds the same consumer, so running more copies shares the load);
-- explicit acknowledgement: ack on success; a retryable failure is nacked with a delay
-  from ``retry_backoff_s`` chosen by the delivery count; after ``max_deliver``
-  deliveries, or at once for a malformed payload or a :class:`PermanentError`, the
-  message is published to ``engram.dlq.<worker>`` as a :class:`DeadLetter` and then
-  terminated, so nothing is redelivered forever nor dropped silently;
+- explicit acknowledgement: ack on success; a failed delivery is nacked with a delay
+  from ``retry_backoff_s`` chosen by the delivery count. What says "try again" (a
+  dependency down: :func:`engram_core.retry.is_transient`) is retried by *time*, until
+  the message is ``retry_horizon_s`` old; anything else unexpected by *count*, until
+  delivery ``max_deliver``; a malformed payload or a :class:`PermanentError` at once.
+  Then the message is published to ``engram.dlq.<worker>`` as a :class:`DeadLetter`
+  and terminated, so nothing is redelivered forever nor dropped silently;
 - per-message log context (``event_id``, ``tenant``, ``conversation_id``; trace ids
   come from the consumer span that continues the publisher's trace);
 - metrics: events processed/redelivered/dead-lettered by worker and subject, and the
@@ -24,14 +26,13 @@ owns everything else:
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 import structlog
@@ -45,27 +46,29 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Status, StatusCode
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import NoDecode
+from pydantic import Field, ValidationError
 
 from engram_core import metrics, semconv
 from engram_core.bus import (
-    PUBLISH_TIMEOUT_S,
     ensure_consumer,
     ensure_stream,
     make_broker,
     publish_event,
+    publish_with_retries,
+    until_reachable,
 )
 from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
 from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.retrieval_client import RetrievalClient
+from engram_core.retry import RetryPolicy, TransientError, backoff_delay, is_transient
 from engram_core.settings import EngramSettings, load_settings
 from engram_core.telemetry import instrument_grpc_client
 from engram_workers.health import HealthServer
 
 __all__ = [
     "Delivery",
+    "DependencyUnavailable",
     "PermanentError",
     "RetryableError",
     "Worker",
@@ -81,11 +84,9 @@ log = get_logger(__name__)
 
 E = TypeVar("E", bound=Event)
 
-#: The server-side MaxDeliver is this much above ours. The runtime dead-letters at
-#: ``max_deliver``; the margin only matters when a delivery ended without any answer
-#: (crash, ack_wait expired): the next delivery is then dead-lettered before the
-#: handler runs, instead of the server giving up on the message silently.
-SERVER_MAX_DELIVER_MARGIN = 2
+#: The server never gives up on a message (MaxDeliver unlimited): the runtime decides
+#: when retrying ends, by time or by count, and dead-letters instead of dropping.
+SERVER_MAX_DELIVER = -1
 
 #: Workers alive in this process (tests run several), for the pending gauge's callback.
 _live_workers: weakref.WeakSet[Worker[Any]] = weakref.WeakSet()
@@ -97,6 +98,14 @@ def _observe_pending(_: CallbackOptions) -> list[Observation]:
         for worker in list(_live_workers)
         if worker.pending is not None
     ]
+
+
+def _age_s(message: NatsMessage) -> float:
+    """Seconds since the message was stored in the stream."""
+    stored = message.raw_message.metadata.timestamp
+    if stored is None:
+        return 0.0
+    return max(0.0, time.time() - stored.timestamp())
 
 
 def _observe_dead_letters(_: CallbackOptions) -> list[Observation]:
@@ -130,12 +139,9 @@ class WorkerSettings(EngramSettings):
         default=5,
         ge=1,
         le=100,
-        description="Deliveries of one message before it goes to the dead-letter subject.",
-    )
-    retry_backoff_s: Annotated[tuple[float, ...], NoDecode] = Field(
-        default=(1.0, 5.0, 30.0, 120.0),
-        description="Redelivery delay after the 1st, 2nd, ... failure, comma-separated "
-        "seconds; the last value repeats.",
+        description="Deliveries of a message failing with an unexpected error (not a "
+        "dependency saying 'try again') before it goes to the dead-letter subject; also "
+        "the deliveries without any outcome (crashed handler) tolerated.",
     )
     ack_wait_s: float = Field(
         default=60.0,
@@ -168,35 +174,24 @@ class WorkerSettings(EngramSettings):
         description="On SIGTERM, wait this long for in-flight messages before closing.",
     )
 
-    @field_validator("retry_backoff_s", mode="before")
-    @classmethod
-    def _split_backoff(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            return json.loads(text) if text.startswith("[") else text.split(",")
-        return value
-
-    @field_validator("retry_backoff_s")
-    @classmethod
-    def _check_backoff(cls, value: tuple[float, ...]) -> tuple[float, ...]:
-        if not value:
-            raise ValueError("needs at least one delay")
-        if any(delay < 0 for delay in value):
-            raise ValueError("delays must be >= 0")
-        return value
-
 
 class RetryableError(Exception):
-    """A transient failure: the message is redelivered after the backoff delay."""
+    """A failure that may pass: the message is redelivered after the backoff delay
+    (by time when it was raised ``from`` an error that says "try again", else by count)."""
+
+
+class DependencyUnavailable(RetryableError, TransientError):
+    """A dependency said "try again": retried until the retry horizon."""
 
 
 class PermanentError(Exception):
     """Retrying cannot help: the message goes to the dead-letter subject at once."""
 
 
-#: gRPC codes for which the same request could succeed later. Anything else is
-#: a property of the request (or of the deployment) and retrying would only delay
-#: the dead letter.
+#: gRPC codes for which the same request could succeed later. UNAVAILABLE,
+#: DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED say "try again" (retried by time); the
+#: others are retried by count. Anything else is a property of the request (or of the
+#: deployment) and retrying would only delay the dead letter.
 RETRYABLE_GRPC_CODES = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
@@ -213,6 +208,8 @@ RETRYABLE_GRPC_CODES = frozenset(
 def rpc_failure(call: str, exc: grpc.aio.AioRpcError) -> RetryableError | PermanentError:
     """Classify a failed gRPC call; raise the result ``from exc``."""
     message = f"{call} failed: {exc.code().name}: {exc.details() or ''}".rstrip(": ")
+    if is_transient(exc):
+        return DependencyUnavailable(message)
     if exc.code() in RETRYABLE_GRPC_CODES:
         return RetryableError(message)
     return PermanentError(message)
@@ -220,7 +217,14 @@ def rpc_failure(call: str, exc: grpc.aio.AioRpcError) -> RetryableError | Perman
 
 def retry_delay(backoff: Sequence[float], attempt: int) -> float:
     """Delay before redelivering after failed delivery number ``attempt`` (1-based)."""
-    return backoff[min(max(attempt, 1), len(backoff)) - 1]
+    return backoff_delay(backoff, attempt)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.1f}s"
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -240,6 +244,15 @@ class Delivery:
     subject: str
     attempt: int  # 1 on the first delivery
     headers: Mapping[str, str]
+    #: Seconds since the message was stored in the stream (the retry horizon's clock).
+    age_s: float = 0.0
+
+    @property
+    def last_chance(self) -> bool:
+        """Whether a transient failure now would be final (dead-lettered, not retried):
+        the next delivery would come after the retry horizon. Handlers with a fallback
+        (reconcile, summarize) use it then instead of failing."""
+        return self.worker.retry_policy.gives_up(self.age_s, self.attempt)
 
     @property
     def retrieval(self) -> RetrievalClient:
@@ -256,8 +269,9 @@ class WorkerSpec(Generic[E]):
     """What makes a worker itself; the runtime provides the rest.
 
     ``handle`` returns normally to acknowledge, raises :class:`PermanentError` to
-    dead-letter at once, and raises anything else to be retried (bounded by
-    ``max_deliver``). It must be idempotent: a message can be delivered more than once.
+    dead-letter at once, and raises anything else to be retried (until the retry horizon
+    for what says "try again", else ``max_deliver`` deliveries). It must be idempotent:
+    a message can be delivered more than once.
     """
 
     name: str  # durable consumer, dead-letter subject engram.dlq.<name>, service engram-<name>
@@ -282,6 +296,7 @@ class Worker(Generic[E]):
     def __init__(self, spec: WorkerSpec[E], settings: WorkerSettings) -> None:
         self.spec = spec
         self.settings = settings
+        self.retry_policy: RetryPolicy = settings.retry_policy
         self.dlq_subject = dlq_subject(spec.name)
         # Patches channel construction, so it must precede the retrieval channel.
         instrument_grpc_client()
@@ -325,8 +340,9 @@ class Worker(Generic[E]):
         return self._retrieval
 
     async def publish(self, event: Event) -> PubAck:
-        """Publish a follow-up event; it continues the current trace."""
-        return await publish_event(self.broker, event)
+        """Publish a follow-up event (retried for ``publish_retry_s`` with the same
+        ``Nats-Msg-Id``); it continues the current trace."""
+        return await publish_event(self.broker, event, retry_s=self.retry_policy.publish_retry_s)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -339,16 +355,25 @@ class Worker(Generic[E]):
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=ConsumerAckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait_s,
-            max_deliver=self.settings.max_deliver + SERVER_MAX_DELIVER_MARGIN,
+            max_deliver=SERVER_MAX_DELIVER,
         )
 
     async def serve(self, stop: asyncio.Event) -> None:
-        """Start, consume until ``stop`` is set, then shut down (also after a failed start)."""
+        """Start, consume until ``stop`` is set, then shut down (also after a failed start).
+        A stop while start-up still waits for NATS ends the wait."""
+        starting = asyncio.create_task(self.app.start())
+        stopping = asyncio.create_task(stop.wait())
         try:
-            await self.app.start()
-            await stop.wait()
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # a failed start-up raises here
+                await stopping
             log.info("worker.stopping", worker=self.spec.name)
         finally:
+            for task in (starting, stopping):
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
             await self.app.stop()
             log.info("worker.stopped", worker=self.spec.name)
 
@@ -399,8 +424,18 @@ class Worker(Generic[E]):
         # Alive (and saying why it is not ready) while waiting on NATS and the stream.
         if self.health is not None:
             await self.health.start()
-        await ensure_stream(self.settings.nats_url, self.settings.stream_replicas)
-        info = await ensure_consumer(self.settings.nats_url, self.consumer_config())
+        # NATS (or the stream's leader) away: wait, not ready, instead of exiting.
+        await until_reachable(
+            "stream",
+            lambda: ensure_stream(
+                self.settings.nats_url,
+                self.settings.stream_replicas,
+                self.retry_policy.duplicate_window_s,
+            ),
+        )
+        info = await until_reachable(
+            "consumer", lambda: ensure_consumer(self.settings.nats_url, self.consumer_config())
+        )
         if self.spec.uses_retrieval:
             self._retrieval = RetrievalClient(self.settings.retrieval_address)
         if self.spec.resources is not None:
@@ -413,7 +448,8 @@ class Worker(Generic[E]):
             subject=self.spec.event.subject,
             pending=info.num_pending,
             max_deliver=self.settings.max_deliver,
-            retry_backoff_s=list(self.settings.retry_backoff_s),
+            retry_backoff_s=list(self.retry_policy.backoff_s),
+            retry_horizon_s=self.retry_policy.horizon_s,
         )
 
     async def _after_startup(self) -> None:
@@ -490,11 +526,14 @@ class Worker(Generic[E]):
                 await self._handle(message, event, attempt)
 
     async def _handle(self, message: NatsMessage, event: E, attempt: int) -> None:
-        if attempt > self.settings.max_deliver:
+        age_s = _age_s(message)
+        lost = self.retry_policy.deliveries_without_outcome(age_s, attempt)
+        if lost > self.settings.max_deliver:
             await self._dead_letter(
                 message,
                 attempt,
-                f"no outcome after {attempt - 1} deliveries (handler crashed or exceeded ack_wait)",
+                f"no outcome for {lost} of {attempt - 1} deliveries "
+                "(handler crashed or exceeded ack_wait)",
             )
             return
         delivery = Delivery(
@@ -502,6 +541,7 @@ class Worker(Generic[E]):
             subject=message.raw_message.subject,
             attempt=attempt,
             headers=message.headers,
+            age_s=age_s,
         )
         started = time.perf_counter()
         try:
@@ -511,30 +551,40 @@ class Worker(Generic[E]):
             await self._dead_letter(message, attempt, str(exc))
             return
         except Exception as exc:
-            await self._retry_or_dead_letter(message, attempt, exc)
+            await self._retry_or_dead_letter(message, attempt, age_s, exc)
             return
         await message.ack()
         metrics.events_processed.add(1, self._metric_attributes(message))
         log.debug("message.acked", duration_ms=round((time.perf_counter() - started) * 1e3, 1))
 
     async def _retry_or_dead_letter(
-        self, message: NatsMessage, attempt: int, exc: Exception
+        self, message: NatsMessage, attempt: int, age_s: float, exc: Exception
     ) -> None:
         reason = str(exc) if isinstance(exc, RetryableError) else f"{type(exc).__name__}: {exc}"
-        if attempt >= self.settings.max_deliver:
+        policy = self.retry_policy
+        transient = is_transient(exc)
+        if transient and policy.gives_up(age_s, attempt):
+            await self._dead_letter(
+                message,
+                attempt,
+                f"still failing after {_duration(age_s)} and {attempt} deliveries "
+                f"(retry horizon {_duration(policy.horizon_s)}): {reason}",
+            )
+            return
+        if not transient and attempt >= self.settings.max_deliver:
             await self._dead_letter(
                 message, attempt, f"gave up after {attempt} deliveries: {reason}"
             )
             return
-        delay = retry_delay(self.settings.retry_backoff_s, attempt)
+        delay = policy.delay(attempt)
         trace.get_current_span().set_status(Status(StatusCode.ERROR, reason))
         log.warning(
             "message.retry_scheduled",
             reason=reason,
             delay_s=delay,
-            max_deliver=self.settings.max_deliver,
+            transient=transient,
             # A bug, not a flaky dependency: keep the traceback.
-            exc_info=not isinstance(exc, RetryableError),
+            exc_info=not (transient or isinstance(exc, RetryableError)),
         )
         await message.nack(delay=delay)
 
@@ -550,18 +600,18 @@ class Worker(Generic[E]):
         )
         trace.get_current_span().set_status(Status(StatusCode.ERROR, reason))
         try:
-            await self.broker.publish(
+            await publish_with_retries(
+                self.broker,
                 letter.model_dump(mode="json"),
                 subject=self.dlq_subject,
                 # The same message dead-lettered twice (a lost term) is stored once.
-                headers={"Nats-Msg-Id": f"{self.spec.name}:{raw.metadata.sequence.stream}"},
-                stream=STREAM_NAME,
-                timeout=PUBLISH_TIMEOUT_S,
+                msg_id=f"{self.spec.name}:{raw.metadata.sequence.stream}",
+                retry_s=self.retry_policy.publish_retry_s,
             )
         except Exception:
             # Not acknowledged, so not lost: it comes back and is dead-lettered then.
             log.exception("message.dead_letter_failed", reason=reason)
-            await message.nack(delay=retry_delay(self.settings.retry_backoff_s, attempt))
+            await message.nack(delay=self.retry_policy.delay(attempt))
             return
         await message.reject()  # term: never redelivered
         metrics.events_dead_lettered.add(1, self._metric_attributes(message))

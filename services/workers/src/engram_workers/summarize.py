@@ -214,9 +214,9 @@ async def _ask_model(
             schema=tasks.SummaryOutput,
         )
     except LlmUnavailable as exc:
-        if delivery.attempt < settings.max_deliver:
+        if not delivery.last_chance:
             raise RetryableError(str(exc)) from exc
-        return None, f"model unavailable on the last delivery: {exc}"
+        return None, f"model unavailable until the retry horizon: {exc}"
     except (LlmOutputError, LlmRequestError) as exc:
         return None, str(exc)
     text = answer.summary.strip()
