@@ -159,6 +159,29 @@ async def test_list_filters_and_cursor_pagination(http: httpx2.AsyncClient) -> N
     assert len((await http.get(MEM, headers=A, params={"kind": "fact"})).json()["data"]) == 5
 
 
+async def test_times_at_the_ends_of_the_range_round_trip(http: httpx2.AsyncClient) -> None:
+    """Years before 1000 and offsets at the extremes are stored and read back as given
+    (in UTC); the list order holds across them."""
+    cases = {
+        "0999-03-01T10:00:00Z": "0999-03-01T10:00:00Z",
+        "0001-01-01T14:00:00+14:00": "0001-01-01T00:00:00Z",
+        "9999-12-31T23:59:59+14:00": "9999-12-31T09:59:59Z",
+        "2025-06-01T12:00:00-14:00": "2025-06-02T02:00:00Z",
+    }
+    ids = {}
+    for given, stored in cases.items():
+        created = await _create(
+            http, A, text=f"A fact from {given}.", conversation="edges", created_at=given
+        )
+        assert created["created_at"] == stored
+        ids[stored] = created["id"]
+    for stored, memory_id in ids.items():
+        fetched = (await http.get(f"{MEM}/{memory_id}", headers=A)).json()
+        assert fetched["created_at"] == stored
+    listed = (await http.get(MEM, headers=A, params={"conversation": "edges"})).json()
+    assert [m["created_at"] for m in listed["data"]] == sorted(cases.values(), reverse=True)
+
+
 async def test_search_returns_hits_scores_summary_and_profile(
     http: httpx2.AsyncClient, retrieval: RealRetrieval
 ) -> None:

@@ -112,10 +112,12 @@ async def test_models_pass_through(client: httpx2.AsyncClient, scripted_upstream
     assert recorded.headers["authorization"] == "Bearer caller"
 
 
-async def test_any_v1_request_passes_through_unchanged(
+async def test_allowed_v1_requests_pass_through_unchanged(
     start_gateway: Any, echo_upstream: EchoUpstream
 ) -> None:
-    gateway = await start_gateway(llm_base_url=echo_upstream.base_url)
+    gateway = await start_gateway(
+        llm_base_url=echo_upstream.base_url, gateway_passthrough=("echo", "models")
+    )
     client = gateway.client()
     body = b'{"input": ["a", "b"], "model": "embed", "whatever": [1, {"x": null}]}'
     response = await client.post(
@@ -137,8 +139,27 @@ async def test_any_v1_request_passes_through_unchanged(
 
     deleted = await client.delete("/v1/echo/files/f-1")
     assert deleted.json()["method"] == "DELETE"
-    missing = await client.get("/v1/no-such-thing")
+    missing = await client.get("/v1/models/no-such-model")
     assert missing.status_code == 404  # the upstream's answer, relayed
+
+
+async def test_paths_outside_the_allowlist_are_404_and_never_relayed(
+    start_gateway: Any, echo_upstream: EchoUpstream
+) -> None:
+    gateway = await start_gateway(llm_base_url=echo_upstream.base_url)  # models, embeddings
+    client = gateway.client()
+    for method, path in (
+        ("GET", "/v1/files"),
+        ("POST", "/v1/batches"),
+        ("DELETE", "/v1/assistants/asst_1"),
+        ("GET", "/v1/memories/"),
+        ("GET", "/v1/echo/embeddings"),
+    ):
+        response = await client.request(method, path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["code"] == "not_found"
+        assert path in response.json()["error"]["message"]
+    assert echo_upstream.requests == []
 
 
 async def test_pass_through_to_an_unreachable_upstream_is_502(start_gateway: Any) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 
 from engram_core.bus import publish_event
@@ -317,6 +318,47 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
     assert any("hand-deleted (fact)" in s for s in subjects), subjects
     assert any("hand-created" in s for s in subjects), subjects
     assert any("hand-edited (fact)" in s for s in subjects), subjects
+
+
+async def test_oversized_and_out_of_range_files_are_reported_once_and_skipped(
+    settings, root, nats_url
+) -> None:
+    """Neither is retried forever nor published; a date before year 1000 is fine, and a
+    fixed file is picked up."""
+    async with running_worker(MIRROR, settings(max_text_bytes=4096)) as worker:
+        mirror = await watching(worker)
+        facts = root / "acme/c1/facts"
+        facts.mkdir(parents=True)
+        huge, late, old = facts / "huge.md", facts / "late.md", facts / "old.md"
+        with structlog.testing.capture_logs() as logs:
+            huge.write_text("---\nkind: fact\n---\n" + "x" * 40_000 + "\n", encoding="utf-8")
+            late.write_text(
+                "---\nkind: fact\ncreated_at: 9999-12-31T23:59:59-14:00\n---\nA late fact.\n",
+                encoding="utf-8",
+            )
+            old.write_text(
+                "---\nkind: fact\ncreated_at: 0999-06-01T00:00:00Z\n---\nAn old fact.\n",
+                encoding="utf-8",
+            )
+            [edit] = await edited_events(nats_url, 1)
+            assert edit.memory.text == "An old fact."
+            assert edit.memory.created_at == datetime(999, 6, 1, tzinfo=UTC)
+            for path in ("acme/c1/facts/huge.md", "acme/c1/facts/late.md"):
+                await eventually(lambda p=path: mirror.tree.known.get(p), what=f"{path} seen")
+            await asyncio.sleep(2.5)  # a retry tick of the watcher passes: still nothing
+            assert len(await published(nats_url, MemoryEdited)) == 1
+        reports = [e for e in logs if e["event"] == "mirror.malformed_file"]
+        assert sorted(e["path"] for e in reports) == [
+            "acme/c1/facts/huge.md",
+            "acme/c1/facts/late.md",
+        ]  # once each
+        errors = {e["path"]: e["error"] for e in reports}
+        assert "larger than a memory may be" in errors["acme/c1/facts/huge.md"]
+        assert "created_at: out of range" in errors["acme/c1/facts/late.md"]
+
+        late.write_text(late.read_text().replace("9999-12-31T23:59:59-14:00", "2026-01-01"))
+        edits = await edited_events(nats_url, 2)
+        assert edits[1].memory.text == "A late fact."
 
 
 async def test_edits_made_while_the_mirror_was_down_are_picked_up(

@@ -54,6 +54,7 @@ from engram_cli.cli_common import (
 )
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
+from engram_core.timestamps import storable_utc
 
 Via = Literal["http", "grpc"]
 #: ``POST /v1/memories/add`` takes at most 100 texts.
@@ -232,6 +233,10 @@ def _time(value: Any, where: str) -> datetime | None:
         raise ImportFormatError(f"{where}: not an ISO 8601 time: {value!r}") from None
     if parsed.tzinfo is None:
         raise ImportFormatError(f"{where}: {value!r} has no time zone")
+    try:
+        storable_utc(parsed)
+    except ValueError as exc:
+        raise ImportFormatError(f"{where}: {value!r} is {exc}") from None
     return parsed
 
 

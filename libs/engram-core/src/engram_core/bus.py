@@ -247,6 +247,27 @@ async def ensure_consumer(nats_url: str, config: ConsumerConfig) -> ConsumerInfo
         return await nc.jetstream().add_consumer(STREAM_NAME, config=config)
 
 
+FASTSTREAM_LOGGER = "faststream.nats"
+
+
+class ExpectedFetchNoise(logging.Filter):
+    """What FastStream logs about an idle pull consumer, which is no news.
+
+    An idle ``fetch`` whose pull request expires can raise asyncio's ``TimeoutError``
+    from nats-py instead of nats' own; FastStream's pull loop lets it escape, logs
+    "Task-N raised an exception, retrying..." at ERROR with the traceback, and restarts
+    the loop, which is all that needs to happen: dropped. Its "callback for Task-N is
+    being executed..." line at every stop is INFO noise: kept at DEBUG only.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "is being executed" in message:
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        exc = record.exc_info[1] if record.exc_info else None
+        return not ("raised an exception" in message and isinstance(exc, TimeoutError))
+
+
 def make_broker(
     nats_url: str, *, client_name: str, graceful_timeout: float | None = None
 ) -> NatsBroker:
@@ -258,8 +279,12 @@ def make_broker(
 
     FastStream's own logger would print coloured text to stdout; a plain stdlib logger
     sends its lines through the process's structlog formatter instead. Its per-message
-    "Received"/"Processed" lines go to DEBUG: handlers log their own outcome.
+    "Received"/"Processed" lines go to DEBUG: handlers log their own outcome, and its
+    expected idle noise is filtered (:class:`ExpectedFetchNoise`).
     """
+    faststream_logger = logging.getLogger(FASTSTREAM_LOGGER)
+    if not any(isinstance(f, ExpectedFetchNoise) for f in faststream_logger.filters):
+        faststream_logger.addFilter(ExpectedFetchNoise())
     return NatsBroker(
         nats_servers(nats_url),
         name=client_name,
@@ -268,7 +293,7 @@ def make_broker(
         # A long-running service must survive a NATS restart of any length: keep
         # reconnecting (readiness reports the outage meanwhile) instead of giving up.
         max_reconnect_attempts=-1,
-        logger=logging.getLogger("faststream.nats"),
+        logger=faststream_logger,
         log_level=logging.DEBUG,
     )
 

@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engram_core.events import MemoryRecord
+from engram_core.timestamps import compact_utc, storable_utc
 
 __all__ = [
     "DELETED_DIR",
@@ -168,10 +169,7 @@ def file_stamp(record: MemoryRecord) -> str:
     """The sortable prefix of a file name: ``20260301T123000Z`` (``undated`` if unknown)."""
     if record.created_at is None:
         return "undated"
-    created = record.created_at
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=UTC)
-    return created.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return compact_utc(record.created_at)
 
 
 def _sub_dirs(record: MemoryRecord) -> tuple[str, ...]:
@@ -518,7 +516,10 @@ def _time(value: Any, name: str) -> datetime | None:
             raise MirrorFormatError(f"{name}: not an ISO 8601 time: {value!r}") from None
     else:
         raise MirrorFormatError(f"{name}: should be an ISO 8601 time")
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    try:
+        return storable_utc(parsed)
+    except ValueError as exc:
+        raise MirrorFormatError(f"{name}: {exc}") from None
 
 
 def _turn_range(value: Any) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram_core.grpc_gen.engram.memory.v1 import memory_pb2 as pb
 from engram_core.grpc_gen.engram.memory.v1 import memory_pb2_grpc as pb_grpc
+from engram_core.timestamps import storable_utc
 
 __all__ = [
     "KIND_BY_NAME",
@@ -41,10 +42,10 @@ def kind_name(kind: int) -> str:
 
 
 def to_timestamp(value: datetime) -> Timestamp:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
+    """``ValueError`` for a time outside what a Timestamp holds (see
+    :mod:`engram_core.timestamps`; entry points check it before)."""
     ts = Timestamp()
-    ts.FromDatetime(value.astimezone(UTC))
+    ts.FromDatetime(storable_utc(value))
     return ts
 
 

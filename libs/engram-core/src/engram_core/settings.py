@@ -18,6 +18,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engram_core.retry import RetrySettings
 
 DEFAULT_DATA_DIR = Path(".engram")
+#: A quarter of NATS' default max_payload (1 MiB): room for JSON escapes and a copy.
+DEFAULT_MAX_TEXT_BYTES = 256 * 1024
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
 
@@ -57,7 +59,21 @@ class EngramSettings(BaseSettings, RetrySettings):
     retrieval_address: str = Field(
         default="127.0.0.1:50051", description="host:port of the retrieval gRPC service."
     )
-    stream_replicas: int = Field(default=1, ge=1, le=5, description="JetStream stream replicas.")
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of the JetStream stream and key-value buckets (3 on a cluster).",
+    )
+    max_text_bytes: int = Field(
+        default=DEFAULT_MAX_TEXT_BYTES,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest text (UTF-8 bytes) of one turn or memory: a chat's user "
+        "message, the memory API, a mirror file. Larger is refused (413, or reported and "
+        "skipped): every event must fit one NATS message (max_payload, 1 MiB by default) "
+        "with JSON escaping, and so must its dead letter, which carries a copy.",
+    )
     traces_file: Path | None = Field(
         default=None,
         description="Also write finished spans as JSON lines here (local debugging, tests).",

@@ -25,6 +25,7 @@ from engram_gateway import admin, chat, health, memory_api, passthrough
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.bus_link import BusLink
 from engram_gateway.errors import install_error_handlers
+from engram_gateway.guard import RequestGuardMiddleware
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState, RequestIdMiddleware
 from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
@@ -75,7 +76,11 @@ def create_app(
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
-            publisher = TurnPublisher(broker, retry_s=settings.retry_policy.publish_retry_s)
+            publisher = TurnPublisher(
+                broker,
+                retry_s=settings.retry_policy.publish_retry_s,
+                max_text_bytes=settings.max_text_bytes,
+            )
             # Runs first on the way out: turns in flight land before the broker closes.
             stack.push_async_callback(publisher.drain, settings.gateway_publish_drain_s)
 
@@ -119,6 +124,7 @@ def create_app(
         BodyLimitMiddleware, limit=settings.gateway_max_body_bytes, prefixes=MEMORY_API_PREFIXES
     )
     app.add_middleware(ApiKeyMiddleware, keys=keys)
+    app.add_middleware(RequestGuardMiddleware, body_timeout_s=settings.gateway_body_timeout_s)
     app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the request id
     app.include_router(health.router)
     app.include_router(chat.router)

@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from engram_core import semconv
 from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
-from engram_gateway.bodies import parse_json_object, read_body
+from engram_gateway.bodies import check_text_size, parse_json_object, read_body
 from engram_gateway.controls import MemoryControls, split_memory_controls
 from engram_gateway.errors import SERVICE_UNAVAILABLE, UPSTREAM_ERROR, GatewayError, bad_request
 from engram_gateway.memory import (
@@ -136,6 +136,9 @@ async def chat_completions(request: Request) -> Response:
         turn_index=conversation_position(messages, user_index),
     )
     query = message_text(messages[user_index]).strip() if user_index is not None else ""
+    if controls.enabled and query:
+        # Too large to record: refused before anything is forwarded or published.
+        check_text_size(query, settings.max_text_bytes, f"messages[{user_index}]")
 
     if not controls.enabled:
         memory = Recall(MemoryStatus.BYPASSED)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from engram_core.events import DEFAULT_CONVERSATION
 from engram_gateway.errors import GatewayError, bad_request
@@ -54,6 +54,11 @@ def _conversation_id(value: str) -> str:
 ConversationId = Annotated[
     str, Field(min_length=1, max_length=200), AfterValidator(_conversation_id)
 ]
+# The memory knobs' types, for the chat's controls and the memory API's search alike:
+# strict, so "5", true or false are refused rather than read as 5, 1 or 0.
+TopK = Annotated[int, Strict(), Field(ge=1, le=100)]
+Fraction = Annotated[float, Strict(), Field(ge=0, le=1)]
+Switch = Annotated[bool, Strict()]
 
 
 class MemoryControls(BaseModel):
@@ -61,15 +66,15 @@ class MemoryControls(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    memory: bool | None = None
+    memory: Switch | None = None
     memory_id: ConversationId | None = None
-    memory_top_k: int | None = Field(default=None, ge=1, le=100)
-    memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
-    memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
-    memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+    memory_top_k: TopK | None = None
+    memory_recency_weight: Fraction | None = None
+    memory_score_threshold: Fraction | None = None
+    memory_mmr_lambda: Fraction | None = None
     # False: search only this conversation (and the tenant's global bucket), not the
     # user's other conversations.
-    memory_cross_session: bool | None = None
+    memory_cross_session: Switch | None = None
 
     def with_defaults(self, settings: GatewaySettings) -> MemoryControls:
         return self.model_copy(

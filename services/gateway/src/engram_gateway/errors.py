@@ -125,17 +125,10 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    # Starlette re-raises after this handler, so the server logs the traceback; the
-    # caller only ever sees the OpenAI-shaped body.
-    log.error("unhandled error", path=request.url.path, error=repr(exc))
-    return error_response(
-        500, "The gateway hit an internal error.", type=SERVER_ERROR, code="internal_error"
-    )
-
-
 def install_error_handlers(app: FastAPI) -> None:
+    """Errors with a status of their own. An unexpected exception is answered by
+    :class:`engram_gateway.guard.RequestGuardMiddleware` (a 500 that keeps the
+    connection), never by Starlette's handler, which would re-raise and close it."""
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(Exception, _unexpected_error)

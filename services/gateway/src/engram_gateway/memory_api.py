@@ -31,6 +31,7 @@ from engram_core.logging import get_logger
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import KIND_BY_NAME, SCOPE_NAMES, from_timestamp, pb, to_timestamp
 from engram_core.retry import retry_transient
+from engram_gateway.bodies import check_text_size
 from engram_gateway.controls import MemoryControls
 from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayError, bad_request
 from engram_gateway.memory import hit_json, search_request
@@ -118,9 +119,10 @@ async def _rpc(call: str, awaitable: Any) -> Any:
         raise _rpc_error(call, exc) from None
 
 
-def _check_text(text: str, limit: int, param: str = "text") -> str:
+def _check_text(text: str, limit: int, param: str = "text", *, max_bytes: int) -> str:
     if not text.strip():
         raise bad_request(f"{param} must not be empty", param=param, code="empty_text")
+    check_text_size(text, max_bytes, param)
     if len(text) > limit:
         raise bad_request(
             f"{param} is longer than {limit} characters (ENGRAM_MAX_MEMORY_CHARS)",
@@ -281,7 +283,12 @@ async def memory_history(request: Request, memory_id: MemoryIdPath) -> JSONRespo
 @router.post("/memories/search", response_model=SearchResult, summary="Retrieval only, no LLM")
 async def search_memories(request: Request, body: SearchMemories) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
-    _check_text(body.query, state.settings.max_memory_chars, "query")
+    _check_text(
+        body.query,
+        state.settings.max_memory_chars,
+        "query",
+        max_bytes=state.settings.max_text_bytes,
+    )
     controls = MemoryControls(
         memory_id=body.conversation,
         memory_top_k=body.memory_top_k,
@@ -321,7 +328,9 @@ async def search_memories(request: Request, body: SearchMemories) -> JSONRespons
 @router.post("/memories", status_code=201, response_model=MemoryOut, summary="Create a fact memory")
 async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
-    text = _check_text(body.text, state.settings.max_memory_chars)
+    text = _check_text(
+        body.text, state.settings.max_memory_chars, max_bytes=state.settings.max_text_bytes
+    )
     _require_bus(state)
     created_at = body.created_at or utcnow()
     memory = pb.Memory(
@@ -363,7 +372,9 @@ async def update_memory(
     if body.text is None and body.tags is None:
         raise bad_request("Send text and/or tags to change.", code="nothing_to_update")
     if body.text is not None:
-        _check_text(body.text, state.settings.max_memory_chars)
+        _check_text(
+            body.text, state.settings.max_memory_chars, max_bytes=state.settings.max_text_bytes
+        )
     current = await _get(state, tenant, _uuid(memory_id, "memory"))
     if current.superseded_by:
         raise GatewayError(
@@ -471,7 +482,10 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
     texts = [body.text] if isinstance(body.text, str) else body.text
     for index, text in enumerate(texts):
         _check_text(
-            text, state.settings.max_memory_chars, "text" if len(texts) == 1 else f"text[{index}]"
+            text,
+            state.settings.max_memory_chars,
+            "text" if len(texts) == 1 else f"text[{index}]",
+            max_bytes=state.settings.max_text_bytes,
         )
     rid = request_id(request)
     event_ids = []

@@ -11,10 +11,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from engram_core.events import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
-from engram_gateway.controls import ConversationId
+from engram_core.timestamps import RANGE_TEXT, StorableDatetime
+from engram_gateway.controls import ConversationId, Fraction, Switch, TopK
 
 Tag = Annotated[
     str,
@@ -35,7 +36,9 @@ class CreateMemory(_Request):
     tags: Tags = Field(default_factory=list)
     user: UserId = Field(default="", description="The user scope (empty: no user).")
     conversation: ConversationId = Field(default=DEFAULT_CONVERSATION)
-    created_at: AwareDatetime | None = Field(default=None, description="Default: now.")
+    created_at: StorableDatetime | None = Field(
+        default=None, description=f"Default: now. From {RANGE_TEXT}."
+    )
 
 
 class UpdateMemory(_Request):
@@ -47,14 +50,15 @@ class SearchMemories(_Request):
     query: str = Field(min_length=1)
     user: UserId = ""
     conversation: ConversationId = DEFAULT_CONVERSATION
-    memory_top_k: int | None = Field(default=None, ge=1, le=100)
-    memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
-    memory_score_threshold: float | None = Field(default=None, ge=0, le=1)
-    memory_mmr_lambda: float | None = Field(default=None, ge=0, le=1)
+    # The chat's memory knobs, validated by the same (strict) types.
+    memory_top_k: TopK | None = None
+    memory_recency_weight: Fraction | None = None
+    memory_score_threshold: Fraction | None = None
+    memory_mmr_lambda: Fraction | None = None
     kinds: list[MemoryKindName] = Field(
         default_factory=list, description="Empty: turns, facts and episodes."
     )
-    include_superseded: bool = False
+    include_superseded: Switch = False
 
 
 class AddMemories(_Request):
@@ -63,7 +67,9 @@ class AddMemories(_Request):
     )
     user: UserId = ""
     conversation: ConversationId = DEFAULT_CONVERSATION
-    created_at: AwareDatetime | None = Field(default=None, description="Default: now.")
+    created_at: StorableDatetime | None = Field(
+        default=None, description=f"Default: now. From {RANGE_TEXT}."
+    )
     model: str = Field(
         default="",
         max_length=200,

@@ -23,6 +23,13 @@ class GatewaySettings(EngramSettings):
     gateway_max_body_bytes: int = Field(
         default=32 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
+    gateway_body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A request body must arrive within this long (408 and the connection "
+        "closed otherwise), so half-sent bodies cannot hold connections.",
+    )
     gateway_retrieval_timeout_s: float = Field(
         default=3.0,
         gt=0,
@@ -34,6 +41,11 @@ class GatewaySettings(EngramSettings):
         ge=0,
         le=120,
         description="On shutdown, wait this long for assistant turns still being published.",
+    )
+    gateway_passthrough: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("models", "embeddings"),
+        description="/v1/<name>/... paths relayed to the upstream as they are (comma-"
+        "separated first path segments); any other unknown path is a 404.",
     )
     # Defaults for the per-request memory controls. Unset: the retrieval service's own
     # defaults apply (the gateway only sends what the caller or the operator chose).
@@ -88,6 +100,23 @@ class GatewaySettings(EngramSettings):
         le=10,
         description="Retries of the upstream call (429/5xx/connection). 0: the caller retries.",
     )
+
+    @field_validator("gateway_passthrough", mode="before")
+    @classmethod
+    def _split_names(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip().strip("/") for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("gateway_passthrough")
+    @classmethod
+    def _no_engram_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if "/" in name or not name:
+                raise ValueError(f"names are first path segments such as 'models' (got {name!r})")
+            if name in ("chat", "memories", "events", "admin"):
+                raise ValueError(f"/v1/{name} is Engram's own, not relayed")
+        return value
 
     @field_validator("llm_base_url")
     @classmethod

@@ -77,9 +77,12 @@ class TurnScope:
 class TurnPublisher:
     """Publishes turns and keeps track of the ones still in flight at shutdown."""
 
-    def __init__(self, broker: NatsBroker, *, retry_s: float = 0.0) -> None:
+    def __init__(
+        self, broker: NatsBroker, *, retry_s: float = 0.0, max_text_bytes: int | None = None
+    ) -> None:
         self._broker = broker
         self.retry_s = retry_s
+        self.max_text_bytes = max_text_bytes
         self._pending: set[asyncio.Task[Any]] = set()
 
     def is_connected(self) -> bool:
@@ -99,6 +102,10 @@ class TurnPublisher:
     async def publish(self, event: TurnPersisted) -> None:
         """Wait for the JetStream ack (retried for ``retry_s``); raise
         :class:`TurnNotPersisted` otherwise."""
+        if self.max_text_bytes is not None and len(event.text.encode()) > self.max_text_bytes:
+            # An assistant reply this large (the user's text is refused with a 413 before)
+            # cannot travel in one event: recorded as not persisted, never half-written.
+            raise TurnNotPersisted(f"text larger than {self.max_text_bytes} bytes")
         # A client that is not even trying to reconnect would only wait out the retries.
         if not self.may_reconnect():
             raise TurnNotPersisted("not connected to NATS")

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from engram_core.proto import KIND_BY_NAME, KIND_NAMES, from_timestamp, pb, to_timestamp
+from engram_core.timestamps import format_utc
 
 DEFAULT_CONVERSATION = "default"
 GLOBAL_CONVERSATION = "global"
@@ -44,10 +45,9 @@ CONTENT_FIELDS = (
 
 
 def format_ts(value: datetime) -> str:
-    """UTC, fixed microsecond precision, ``Z`` suffix: sorts as text and as time."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """UTC, fixed microsecond precision, ``Z`` suffix, four-digit year: sorts as text
+    and as time, and reads back (years before 1000 included)."""
+    return format_utc(value)
 
 
 def parse_ts(value: str) -> datetime:

@@ -25,6 +25,9 @@ from engram_workers.runtime import (
     run_worker,
 )
 
+#: Room for a memory file's YAML front matter on top of ENGRAM_MAX_TEXT_BYTES.
+MAX_FRONT_MATTER_BYTES = 16 * 1024
+
 
 class MirrorSettings(WorkerSettings):
     health_port: int = Field(
@@ -74,6 +77,8 @@ async def open_mirror(worker: Worker[MemoryChanged]) -> AsyncIterator[Mirror]:
         watch_debounce_ms=settings.mirror_watch_debounce_ms,
         watch_polling=settings.mirror_watch_polling,
         watch_poll_ms=settings.mirror_watch_poll_ms,
+        # The body plus its front matter: a file larger than a text may be cannot be one.
+        max_file_bytes=settings.max_text_bytes + MAX_FRONT_MATTER_BYTES,
     )
     await mirror.start()
     try:

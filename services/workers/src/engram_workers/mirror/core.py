@@ -24,6 +24,7 @@ from engram_core.mirror_format import (
     render,
     tombstone_path,
 )
+from engram_core.settings import DEFAULT_MAX_TEXT_BYTES
 from engram_workers.mirror.git import GitError, GitRepo
 from engram_workers.mirror.tree import Batch, MirrorTree, PendingChanges
 from engram_workers.mirror.watcher import EditWatcher
@@ -58,6 +59,7 @@ class Mirror:
         watch_debounce_ms: int = 400,
         watch_polling: bool = False,
         watch_poll_ms: int = 300,
+        max_file_bytes: int = DEFAULT_MAX_TEXT_BYTES,
     ) -> None:
         self.root = root
         self.commit_interval_s = commit_interval_s
@@ -74,6 +76,7 @@ class Mirror:
                 debounce_ms=watch_debounce_ms,
                 force_polling=watch_polling,
                 poll_delay_ms=watch_poll_ms,
+                max_file_bytes=max_file_bytes,
             )
             if watch and publish is not None
             else None

@@ -6,7 +6,9 @@ mirror already accounted for is skipped, so the mirror's own writes never echo b
 A changed or new file is parsed and published as ``upserted``; a removed one as
 ``deleted``. Files under ``deleted/``, hidden files and directories (``.git``, temp
 files) and anything outside ``<tenant>/<conversation>/`` are ignored. A file that does
-not parse is reported in the log and not published.
+not parse (a bad date included) or is larger than a memory may be
+(``ENGRAM_MAX_TEXT_BYTES``) is reported in the log once and not published; saving it
+again fixed is picked up as usual.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from engram_core.mirror_format import (
     parse,
     render,
 )
+from engram_core.settings import DEFAULT_MAX_TEXT_BYTES
 from engram_workers.mirror.git import GitRepo
 from engram_workers.mirror.tree import MirrorTree, PendingChanges
 
@@ -60,8 +63,10 @@ class EditWatcher:
         step_ms: int = 50,
         force_polling: bool = False,
         poll_delay_ms: int = 300,
+        max_file_bytes: int = DEFAULT_MAX_TEXT_BYTES,
     ) -> None:
         self.tree = tree
+        self.max_file_bytes = max_file_bytes
         self.git = git
         self.pending = pending
         self.publish = publish
@@ -223,6 +228,13 @@ class EditWatcher:
     async def _upserted(
         self, rel: str, info: MirrorPath, data: bytes, sha: str, gone_paths: set[str]
     ) -> MemoryEdited | None:
+        if len(data) > self.max_file_bytes:
+            return self._malformed(
+                rel,
+                sha,
+                f"{len(data)} bytes, larger than a memory may be ({self.max_file_bytes} bytes "
+                "with its front matter; ENGRAM_MAX_TEXT_BYTES): not indexed",
+            )
         try:
             parsed = parse(data.decode("utf-8"), info, new_id=_new_id)
         except UnicodeDecodeError:
