@@ -35,6 +35,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (400, "Invalid query parameter"),
         (401, "Missing or invalid API key"),
+        (408, "The request did not arrive in time"),
         (503, "The event bus is unavailable"),
     )
 }

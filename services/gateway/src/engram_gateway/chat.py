@@ -25,6 +25,7 @@ from engram_core import semconv
 from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
 from engram_gateway.bodies import check_text_size, parse_json_object, read_body
+from engram_gateway.chat_schema import chat_openapi
 from engram_gateway.controls import MemoryControls, split_memory_controls
 from engram_gateway.errors import SERVICE_UNAVAILABLE, UPSTREAM_ERROR, GatewayError, bad_request
 from engram_gateway.memory import (
@@ -116,7 +117,15 @@ async def _recall_and_record(
         recall_task.cancel()  # a no-op once it finished
 
 
-@router.post("/v1/chat/completions")
+_CHAT_RESPONSES, _CHAT_REQUEST = chat_openapi()
+
+
+@router.post(
+    "/v1/chat/completions",
+    summary="Chat with memory (OpenAI Chat Completions)",
+    responses=_CHAT_RESPONSES,
+    openapi_extra=_CHAT_REQUEST,
+)
 async def chat_completions(request: Request) -> Response:
     state = gateway_state(request)
     settings = state.settings

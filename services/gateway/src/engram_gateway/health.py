@@ -15,7 +15,10 @@ router = APIRouter()
 READY_CHECK_TIMEOUT_S = 2.0
 
 
-@router.get("/healthz")
+_PROBE = {"content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+@router.get("/healthz", responses={200: {"description": "The process answers.", **_PROBE}})
 async def healthz() -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -26,7 +29,13 @@ async def metrics() -> Response:
     return Response(body, media_type=content_type)
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    responses={
+        200: {"description": "Retrieval, NATS, the stream and the bucket answer.", **_PROBE},
+        503: {"description": "Not ready: the failing checks are named.", **_PROBE},
+    },
+)
 async def readyz(request: Request) -> Response:
     """Ready when retrieval reports SERVING, NATS is connected and the stream and the
     event-status bucket were reached (``bus``).

@@ -69,6 +69,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "Invalid request (unknown field, bad value, text too long, bad id)"),
         (401, "Missing or invalid API key"),
         (404, "No such memory or event for this tenant"),
+        (408, "The request body did not arrive in time"),
+        (409, "The memory is a superseded version (edit the current one)"),
+        (413, "The body, or a text, is too large (ENGRAM_MAX_TEXT_BYTES)"),
         (503, "Retrieval or the event bus is unavailable"),
     )
 }

@@ -174,12 +174,14 @@ class Upstream:
     def forward_headers(self, incoming: Mapping[str, str], *, chat: bool) -> dict[str, str]:
         drop = _DROP_CHAT_REQUEST if chat else _DROP_REQUEST
         # Lower-case names throughout: one spelling per header, no duplicates on merge.
+        # Values without surrounding whitespace, which is not part of a field value
+        # (RFC 9110) and which the HTTP client refuses to send ("Bearer ").
         headers = {
-            k.lower(): v
+            k.lower(): v.strip()
             for k, v in incoming.items()
             if k.lower() not in drop and not k.lower().startswith("x-engram-")
         }
-        auth = self._authorization(incoming)
+        auth = (self._authorization(incoming) or "").strip()
         if auth:
             headers["authorization"] = auth
         return headers
