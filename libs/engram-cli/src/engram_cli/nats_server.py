@@ -121,6 +121,16 @@ class NatsServerProcess:
         self.stop()
         raise NatsServerError(f"nats-server did not listen on {self.url} within {timeout_s}s")
 
+    def kill(self) -> None:
+        """SIGKILL, no shutdown of any kind (fault-injection tests); ``start`` again
+        reuses the store."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

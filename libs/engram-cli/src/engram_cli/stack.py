@@ -25,7 +25,7 @@ import httpx
 from pydantic import Field
 
 from engram_cli.nats_server import NatsServerProcess, port_is_open
-from engram_core.settings import EngramSettings
+from engram_core.settings import EngramSettings, parse_nats_urls
 
 READY_TIMEOUT_S = 180.0
 #: Every worker, in start order; each is its own process (``engram-<name>``).
@@ -111,7 +111,8 @@ class Stack:
         self.relay_logs = relay_logs
         self.data_dir = settings.data_dir.resolve()
         self.log_dir = self.data_dir / "logs"
-        nats = urlparse(settings.nats_url.split(",")[0])
+        # A local stack runs one nats-server: the first URL of the list.
+        nats = urlparse(parse_nats_urls(settings.nats_url)[0])
         self.nats = NatsServerProcess(
             self.data_dir / "nats",
             port=nats.port or 4222,
@@ -230,7 +231,12 @@ class Stack:
 
     def restart(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Kill one component with ``sig`` and start it again (fault-injection tests)."""
-        component = next(c for c in self.components if c.name == name)
+        self.kill(name, sig)
+        self.revive(name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one component with ``sig`` and leave it down (fault-injection tests)."""
+        component = self._component(name)
         if component.process is not None:
             component.process.send_signal(sig)
             component.process.wait(timeout=STOP_TIMEOUT_S)
@@ -238,8 +244,14 @@ class Stack:
                 component.pump.join(timeout=2)
             if component.process.stdout is not None:
                 component.process.stdout.close()
+            component.process = None
         if component.log is not None:
             component.log.close()
+            component.log = None
+
+    def revive(self, name: str) -> None:
+        """Start a component :meth:`kill` stopped; return once it is ready."""
+        component = self._component(name)
         self._spawn(component)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not component.is_ready():
@@ -247,6 +259,9 @@ class Stack:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} not ready after restart")
             time.sleep(0.1)
+
+    def _component(self, name: str) -> Component:
+        return next(c for c in self.components if c.name == name)
 
     def check_alive(self) -> None:
         if self.nats.process is not None and self.nats.process.poll() is not None:
