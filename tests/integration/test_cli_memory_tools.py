@@ -458,7 +458,8 @@ async def test_import_search_and_status_through_the_gateway(
             "--retrieval",
             retrieval.address,
             "--nats",
-            nats_url,
+            # a cluster's URL list, its first node down: status still reads the others
+            f"nats://127.0.0.1:{free_port()}, {nats_url}",
             "--health-port-base",
             str(free_port()),
         )

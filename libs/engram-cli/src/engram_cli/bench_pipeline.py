@@ -34,6 +34,7 @@ from engram_cli.stack import WORKERS, StackSettings
 from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
+from engram_core.settings import parse_nats_urls
 
 TOKEN_PREFIX = "ppb"
 CONVERSATION_PREFIX = "pipeline-"
@@ -92,7 +93,7 @@ async def _drive(
         if token and int(token[len(TOKEN_PREFIX) :]) % VERIFY_EVERY == 0:
             checks.append(asyncio.create_task(verify(token, memory.conversation_id)))
 
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(servers=parse_nats_urls(settings.nats_url))
     await nc.subscribe(TurnPersisted.subject, cb=on_turn)
     await nc.subscribe(MemoryChanged.subject, cb=on_change)
     base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"

@@ -32,6 +32,7 @@ from engram_cli.nats_server import free_port, free_port_block
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_cli.stack import WORKERS, Stack, StackSettings
 from engram_core.events import MemoryChanged
+from engram_core.settings import parse_nats_urls
 
 STAGES = ("indexed", "fact")
 
@@ -105,7 +106,7 @@ async def _drive(
         if stage is not None:
             seen.setdefault(token, {}).setdefault(stage, time.perf_counter())
 
-    nc = await nats.connect(settings.nats_url)
+    nc = await nats.connect(servers=parse_nats_urls(settings.nats_url))
     await nc.subscribe("engram.memory.changed.v1", cb=on_change)
     base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -71,8 +72,19 @@ def _bindable(port: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class ClusterMembership:
+    """How one server joins a cluster: its name, its route port and every route."""
+
+    name: str
+    cluster_name: str
+    route_port: int
+    routes: tuple[str, ...]
+
+
 class NatsServerProcess:
-    """One nats-server child process with JetStream storing under ``store_dir``."""
+    """One nats-server child process with JetStream storing under ``store_dir``
+    (a member of a cluster when ``cluster`` is given)."""
 
     def __init__(
         self,
@@ -80,11 +92,13 @@ class NatsServerProcess:
         port: int = 4222,
         host: str = "127.0.0.1",
         log_file: Path | None = None,
+        cluster: ClusterMembership | None = None,
     ) -> None:
         self.store_dir = store_dir
         self.port = port
         self.host = host
         self.log_file = log_file
+        self.cluster = cluster
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -106,6 +120,17 @@ class NatsServerProcess:
             "-sd",
             str(self.store_dir),
         ]
+        if self.cluster is not None:
+            args += [
+                "--server_name",
+                self.cluster.name,
+                "--cluster_name",
+                self.cluster.cluster_name,
+                "--cluster",
+                f"nats://{self.host}:{self.cluster.route_port}",
+                "--routes",
+                ",".join(self.cluster.routes),
+            ]
         if self.log_file is not None:
             self._log = self.log_file.open("ab")
         self.process = subprocess.Popen(
@@ -142,3 +167,41 @@ class NatsServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+class NatsCluster:
+    """``size`` nats-servers with JetStream, routed to each other on loopback: a real
+    cluster (tests of replicated streams and node loss)."""
+
+    def __init__(self, root: Path, size: int = 3, host: str = "127.0.0.1") -> None:
+        client_base = free_port_block(size)
+        route_base = free_port_block(size)
+        routes = tuple(f"nats://{host}:{route_base + i}" for i in range(size))
+        self.nodes = [
+            NatsServerProcess(
+                root / f"n{i}",
+                port=client_base + i,
+                host=host,
+                log_file=root / f"n{i}.log",
+                cluster=ClusterMembership(
+                    name=f"n{i}", cluster_name="engram", route_port=route_base + i, routes=routes
+                ),
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        """Every node's URL, comma-separated (what ENGRAM_NATS_URL takes)."""
+        return ",".join(node.url for node in self.nodes)
+
+    def node(self, name: str) -> NatsServerProcess:
+        return next(n for n in self.nodes if n.cluster is not None and n.cluster.name == name)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -17,6 +17,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
@@ -26,9 +27,11 @@ import httpx
 from engram_cli.cli_common import CliSettings, add_gateway_flags, add_retrieval_flag, cli_settings
 from engram_cli.nats_server import port_is_open
 from engram_cli.stack import WORKERS
+from engram_core.bus import admin_connection
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
+from engram_core.settings import parse_nats_urls
 
 TIMEOUT_S = 2.0
 
@@ -48,30 +51,31 @@ async def _http_ready(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
     return entry
 
 
+def _listening(url: str) -> bool:
+    parts = urlparse(url)
+    return port_is_open(parts.hostname or "127.0.0.1", parts.port or 4222)
+
+
 async def _consumers(nats_url: str) -> dict[str, Any]:
-    import nats
     from nats.js.errors import NotFoundError
 
-    first = urlparse(nats_url.split(",")[0])
-    if not await asyncio.to_thread(port_is_open, first.hostname or "127.0.0.1", first.port or 4222):
+    try:
+        servers = parse_nats_urls(nats_url)
+    except ValueError as exc:
+        return {"error": f"ENGRAM_NATS_URL: {exc}"}
+    # Every node of a cluster is probed: one that is down is no reason to give up.
+    listening = await asyncio.gather(*(asyncio.to_thread(_listening, url) for url in servers))
+    if not any(listening):
         return {"error": f"NATS at {nats_url} unreachable (nothing listens)"}
 
-    async def quiet(_exc: Exception) -> None:  # the outcome is reported, not logged
-        return None
-
+    stack = AsyncExitStack()
     try:
-        # nats-py keeps retrying an initial connect that fails: bound it.
         nc = await asyncio.wait_for(
-            nats.connect(
-                nats_url,
-                connect_timeout=TIMEOUT_S,
-                allow_reconnect=False,
-                max_reconnect_attempts=0,
-                error_cb=quiet,
-            ),
-            timeout=TIMEOUT_S,
+            stack.enter_async_context(admin_connection(",".join(servers))),
+            timeout=TIMEOUT_S * len(servers),
         )
     except Exception as exc:  # nats-py raises several types for "no server"
+        await stack.aclose()
         return {"error": f"NATS at {nats_url} unreachable ({type(exc).__name__})"}
     try:
         js = nc.jetstream(timeout=TIMEOUT_S)
@@ -97,7 +101,7 @@ async def _consumers(nats_url: str) -> dict[str, Any]:
             }
         return result
     finally:
-        await nc.close()
+        await stack.aclose()
 
 
 async def _counts(client: RetrievalClient, tenant: str) -> dict[str, Any]:
