@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 
 from engram_cli.nats_server import NatsCluster, free_port
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_core.bus import ensure_stream, key_value_bucket
 from engram_core.event_status import EVENTS_BUCKET
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb
@@ -231,3 +232,31 @@ async def test_the_node_leading_the_event_status_bucket_can_die(engram: Engram) 
     await engram.chat_stream(kill_the_bucket_leader)
     assert await engram.leader_of(f"KV_{EVENTS_BUCKET}") != leader
     await assert_everything_learned_once(engram)
+
+
+async def test_a_single_replica_deployment_is_raised_to_three_in_place(
+    cluster: NatsCluster,
+) -> None:
+    """R1 -> R3: what a process with ENGRAM_STREAM_REPLICAS=3 does at start, keeping the
+    data; one still configured with 1 runs against it and lowers nothing."""
+    await ensure_stream(cluster.url, replicas=1)
+    async with key_value_bucket(cluster.url, EVENTS_BUCKET, ttl_s=60) as (_, kv):
+        await kv.put("kept", b"yes")
+    nc = await nats.connect(servers=parse_nats_urls(cluster.url))
+    try:
+        await nc.jetstream().publish("engram.turn.persisted.v1", b"{}")
+    finally:
+        await nc.close()
+    assert (
+        await with_js(cluster.url, lambda js: js.stream_info(STREAM_NAME))
+    ).config.num_replicas == 1
+
+    await ensure_stream(cluster.url, replicas=3)
+    async with key_value_bucket(cluster.url, EVENTS_BUCKET, ttl_s=60, replicas=3) as (_, kv):
+        assert (await kv.get("kept")).value == b"yes"
+    await ensure_stream(cluster.url, replicas=1)  # an older process: no conflict, no lowering
+    for stream in (STREAM_NAME, f"KV_{EVENTS_BUCKET}"):
+        info = await with_js(cluster.url, lambda js, s=stream: js.stream_info(s))
+        assert info.config.num_replicas == 3, stream
+    info = await with_js(cluster.url, lambda js: js.stream_info(STREAM_NAME))
+    assert info.state.messages == 1  # the data came along
