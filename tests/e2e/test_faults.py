@@ -121,7 +121,7 @@ async def chat_stream(url: str, conversation: str, count: int, log: ChatLog) -> 
 async def test_nats_killed_and_restarted_under_a_chat_stream(start_stack) -> None:
     stack: Stack = start_stack(ENGRAM_PUBLISH_RETRY_S="1")
     log = ChatLog()
-    chats = asyncio.create_task(chat_stream(gateway(stack), "nats-fault", 80, log))
+    chats = asyncio.create_task(chat_stream(gateway(stack), "nats-fault", 60, log))
     await wait_for(lambda: len(log.accepted) >= 10, 30, what="chats before the fault")
     await asyncio.to_thread(stack.nats.kill)
     await wait_for(lambda: len(log.refused) >= 3, 30, what="chats refused while NATS is down")

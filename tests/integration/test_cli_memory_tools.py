@@ -254,6 +254,15 @@ async def test_import_locomo_is_detected(
             "messages[0].created_at: not an ISO 8601 time",
         ),
         (
+            json.dumps(
+                {
+                    "messages": [{"role": "user", "content": "x"}],
+                    "created_at": "9999-12-31T23:59:59-14:00",
+                }
+            ),
+            "created_at: '9999-12-31T23:59:59-14:00' is out of range: times must be",
+        ),
+        (
             json.dumps([{"sample_id": "s", "conversation": {"session_1": "nope"}}]),
             "sample[0] (s).conversation.session_1: expected a list of turns",
         ),

@@ -631,3 +631,27 @@ async def test_client_hanging_up_mid_stream_records_no_assistant_turn(
     assert await jetstream.count() == 1  # the user turn only
     follow_up = await client.post(CHAT, json=chat_body())
     assert follow_up.status_code == 200
+
+
+async def test_a_gateway_started_without_nats_serves_not_ready_until_nats_comes(
+    start_gateway: Any, nats_server: Any, scripted_upstream: Any
+) -> None:
+    await asyncio.to_thread(nats_server.stop)
+    gateway = await start_gateway()  # starts: no "Application startup failed"
+    client = gateway.client()
+    assert (await client.get("/healthz")).status_code == 200
+    ready = await client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["bus"] == "waiting for the stream"
+    assert_openai_error(await client.post(CHAT, json=chat_body()), 503, "turn_not_persisted")
+    events = await client.get("/v1/events/7f8f9c2e-4b8e-4a53-9c64-2a1f0e9d6c11")
+    assert_openai_error(events, 503, "event_status_unavailable")
+
+    await asyncio.to_thread(nats_server.start)
+    for _ in range(200):
+        ready = await client.get("/readyz")
+        if ready.status_code == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert ready.json()["checks"] == {"retrieval": "ok", "nats": "ok", "bus": "ok"}
+    assert (await client.post(CHAT, json=chat_body())).status_code == 200

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import nats.errors
 import pytest
 
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
+from engram_core.event_status import EventStatusStore
 from engram_core.events import (
     FactProposed,
     MemoryChanged,
@@ -288,3 +290,24 @@ async def test_a_refused_request_dead_letters_the_turn_event_at_once(stack: Stac
     await stack.send(turn(1, "I love pizza."))
     assert len(stack.extraction_requests()) == 1  # not retried: it would be refused again
     assert await dead_letter_count(stack.nats_url, "ingest") == 1
+
+
+async def test_a_status_store_that_fails_never_holds_back_the_facts(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event-status bucket unreachable (its node down): the facts are proposed all
+    the same, after a bounded wait, and nothing is dead-lettered."""
+    calls: list[str] = []
+
+    async def unreachable(self: EventStatusStore, tenant: str, event_id: str, **_: Any) -> None:
+        calls.append(event_id)
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(EventStatusStore, "update_if_followed", unreachable)
+    await stack.start(publish_retry_s=0.5)
+    event = turn(1, "I love pizza.")
+    await stack.send(event)
+    [proposal] = await published(stack.nats_url, FactProposed)
+    assert proposal.facts == ["User loves pizza"]
+    assert len(calls) >= 2 and set(calls) == {event.event_id}  # retried, then given up
+    assert await dead_letter_count(stack.nats_url, "ingest") == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import nats
 import pytest
 from nats.js.api import ConsumerConfig, StorageType, StreamConfig
@@ -14,6 +16,8 @@ from engram_core.bus import (
 )
 from engram_core.events import STREAM_NAME
 from engram_core.retry import RetryPolicy
+from engram_workers.ingest import INGEST
+from engram_workers.runtime import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +107,32 @@ async def test_ensure_consumer_updates_an_existing_consumer(nats_url: str) -> No
 
     assert (await ensure_consumer(nats_url, config(3))).config.max_deliver == 3
     assert (await ensure_consumer(nats_url, config(7))).config.max_deliver == 7
+
+
+async def test_a_worker_started_without_nats_waits_not_ready_then_consumes(
+    nats_server, ingest, eventually
+) -> None:
+    """No exit, no restart by hand: alive and not ready until NATS can serve it."""
+    await asyncio.to_thread(nats_server.stop)
+    worker = Worker(INGEST, ingest.settings())
+    stop = asyncio.Event()
+    serving = asyncio.create_task(worker.serve(stop))
+    try:
+        await asyncio.sleep(1.5)
+        assert not serving.done()
+        assert not worker.consuming
+        await asyncio.to_thread(nats_server.start)  # same port, same store
+        await eventually(lambda: worker.consuming, 20, what="the worker to consume")
+        assert (await worker.readiness())["nats"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 20)
+
+
+async def test_a_stop_while_waiting_for_nats_ends_the_wait(nats_server, ingest) -> None:
+    await asyncio.to_thread(nats_server.stop)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(Worker(INGEST, ingest.settings()).serve(stop))
+    await asyncio.sleep(0.5)
+    stop.set()
+    await asyncio.wait_for(serving, 10)  # returns: nothing hangs on the unreachable server

@@ -172,7 +172,12 @@ def print_letters(letters: list[StoredDeadLetter], console: Console) -> None:
 
 
 async def apply(
-    nats_url: str, letters: list[StoredDeadLetter], action: str, console: Console
+    nats_url: str,
+    letters: list[StoredDeadLetter],
+    action: str,
+    console: Console,
+    *,
+    retry_s: float = 0.0,
 ) -> Counter[str]:
     """Replay or drop ``letters`` with a progress bar; outcomes by name."""
     outcomes: Counter[str] = Counter()
@@ -188,7 +193,8 @@ async def apply(
             task = bar.add_task(action, total=len(letters))
             for stored in letters:
                 if action == "replay":
-                    outcomes[str(await replay_dead_letter(js, stored))] += 1
+                    outcome = await replay_dead_letter(js, stored, retry_s=retry_s)
+                    outcomes[str(outcome)] += 1
                 else:
                     outcomes["dropped" if await drop_dead_letter(js, stored.id) else "gone"] += 1
                 bar.advance(task)
@@ -228,7 +234,15 @@ def dlq_command(
             print_letters(letters, Console(file=out, width=200))
             print(f"would {args.dlq_action} {len(letters)} dead letters", file=out)
             return 0
-        outcomes = asyncio.run(apply(nats_url, letters, args.dlq_action, console))
+        outcomes = asyncio.run(
+            apply(
+                nats_url,
+                letters,
+                args.dlq_action,
+                console,
+                retry_s=settings.retry_policy.publish_retry_s,
+            )
+        )
         print(_summary(outcomes), file=out)
         return 0
     except (CommandError, ValueError) as exc:

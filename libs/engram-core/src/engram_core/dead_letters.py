@@ -31,11 +31,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from nats.js import JetStreamContext
-from nats.js.api import RawStreamMsg
+from nats.js.api import PubAck, RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 from pydantic import ValidationError
 
 from engram_core.events import DLQ_PREFIX, STREAM_NAME, DeadLetter, dlq_subject, utcnow
+from engram_core.retry import retry_transient
 
 ALL_DEAD_LETTERS = f"{DLQ_PREFIX}.>"
 #: Header a replayed message carries: the id of the dead letter it came from.
@@ -215,26 +216,34 @@ def _replay_headers(stored: StoredDeadLetter, msg_id: str) -> dict[str, str]:
 
 
 async def _publish_copy(
-    js: JetStreamContext, stored: StoredDeadLetter, msg_id: str
+    js: JetStreamContext, stored: StoredDeadLetter, msg_id: str, retry_s: float
 ) -> tuple[bool, int]:
-    """Publish the original bytes; (stored as new, the stream sequence it has)."""
-    ack = await js.publish(
-        stored.letter.subject,
-        stored.letter.original_body.encode("utf-8"),
-        stream=STREAM_NAME,
-        headers=_replay_headers(stored, msg_id),
-    )
+    """Publish the original bytes (retried like every publish, with the same id);
+    (stored as new, the stream sequence it has)."""
+
+    async def once() -> PubAck:
+        return await js.publish(
+            stored.letter.subject,
+            stored.letter.original_body.encode("utf-8"),
+            stream=STREAM_NAME,
+            headers=_replay_headers(stored, msg_id),
+        )
+
+    ack = await retry_transient(once, budget_s=retry_s)
     return (not ack.duplicate, int(ack.seq))
 
 
-async def replay_dead_letter(js: JetStreamContext, stored: StoredDeadLetter) -> ReplayOutcome:
-    """Re-publish the original message, then delete the dead letter."""
+async def replay_dead_letter(
+    js: JetStreamContext, stored: StoredDeadLetter, *, retry_s: float = 0.0
+) -> ReplayOutcome:
+    """Re-publish the original message, then delete the dead letter. ``retry_s``:
+    ``ENGRAM_PUBLISH_RETRY_S``."""
     msg_id = stored.event_id or f"dlq:{stored.id}"
-    fresh, seq = await _publish_copy(js, stored, msg_id)
+    fresh, seq = await _publish_copy(js, stored, msg_id, retry_s)
     if not fresh and seq == stored.original_seq:
         # JetStream still remembers the original itself (inside the duplicate window),
         # which the worker already gave up on: publish under an id of this replay.
-        fresh, seq = await _publish_copy(js, stored, f"{msg_id}:replay:{stored.id}")
+        fresh, seq = await _publish_copy(js, stored, f"{msg_id}:replay:{stored.id}", retry_s)
     await drop_dead_letter(js, stored.id)
     return ReplayOutcome.REPLAYED if fresh else ReplayOutcome.ALREADY_REPLAYED
 
