@@ -25,6 +25,7 @@ from engram_core.bus import ensure_stream, key_value_bucket
 from engram_core.event_status import EVENTS_BUCKET
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb
+from engram_core.retry import retry_transient
 from engram_core.settings import parse_nats_urls
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
@@ -239,22 +240,25 @@ async def test_a_single_replica_deployment_is_raised_to_three_in_place(
 ) -> None:
     """R1 -> R3: what a process with ENGRAM_STREAM_REPLICAS=3 does at start, keeping the
     data; one still configured with 1 runs against it and lowers nothing."""
-    await ensure_stream(cluster.url, replicas=1)
+    await retry_transient(lambda: ensure_stream(cluster.url, replicas=1), budget_s=20)
+    # A stream just created may not have its leader yet: writes retry, as Engram's do.
     async with key_value_bucket(cluster.url, EVENTS_BUCKET, ttl_s=60) as (_, kv):
-        await kv.put("kept", b"yes")
+        await retry_transient(lambda: kv.put("kept", b"yes"), budget_s=20)
     nc = await nats.connect(servers=parse_nats_urls(cluster.url))
     try:
-        await nc.jetstream().publish("engram.turn.persisted.v1", b"{}")
+        js = nc.jetstream()
+        await retry_transient(lambda: js.publish("engram.turn.persisted.v1", b"{}"), budget_s=20)
     finally:
         await nc.close()
     assert (
         await with_js(cluster.url, lambda js: js.stream_info(STREAM_NAME))
     ).config.num_replicas == 1
 
-    await ensure_stream(cluster.url, replicas=3)
+    await retry_transient(lambda: ensure_stream(cluster.url, replicas=3), budget_s=20)
     async with key_value_bucket(cluster.url, EVENTS_BUCKET, ttl_s=60, replicas=3) as (_, kv):
         assert (await kv.get("kept")).value == b"yes"
-    await ensure_stream(cluster.url, replicas=1)  # an older process: no conflict, no lowering
+    # an older process: no conflict, no lowering
+    await retry_transient(lambda: ensure_stream(cluster.url, replicas=1), budget_s=20)
     for stream in (STREAM_NAME, f"KV_{EVENTS_BUCKET}"):
         info = await with_js(cluster.url, lambda js, s=stream: js.stream_info(s))
         assert info.config.num_replicas == 3, stream
