@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-from engram_core.events import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
+from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
 from engram_gateway.controls import ConversationId
 
 Tag = Annotated[
