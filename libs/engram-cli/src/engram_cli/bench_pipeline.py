@@ -54,7 +54,7 @@ async def _drive(
     published: dict[str, float] = {}  # turn_id -> when turn.persisted was seen
     indexed: dict[str, float] = {}  # turn_id -> when memory.changed was seen
     verified: dict[str, bool] = {}
-    retrieval = RetrievalClient(settings.retrieval_listen)
+    retrieval = RetrievalClient(settings.retrieval_address)
     checks: list[asyncio.Task[None]] = []
 
     async def verify(token: str, conversation: str) -> None:
@@ -95,7 +95,7 @@ async def _drive(
     nc = await nats.connect(settings.nats_url)
     await nc.subscribe(TurnPersisted.subject, cb=on_turn)
     await nc.subscribe(MemoryChanged.subject, cb=on_change)
-    base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
+    base = f"{settings.local_gateway_url}/v1"
     failures = 0
 
     async def chat(http: httpx.AsyncClient, i: int) -> None:

@@ -54,7 +54,9 @@ async def bench_stack(
                 data_dir=Path(tmp),
                 nats_url=f"nats://127.0.0.1:{free_port()}",
                 gateway_port=free_port(),
-                retrieval_listen=f"127.0.0.1:{free_port()}",
+                # Both, so an ENGRAM_RETRIEVAL_ADDRESS in the environment cannot point away.
+                retrieval_listen=(retrieval := f"127.0.0.1:{free_port()}"),
+                retrieval_address=retrieval,
                 health_port_base=free_port_block(len(WORKERS)),
             )
             stack = Stack(
@@ -107,7 +109,7 @@ async def _drive(
 
     nc = await nats.connect(settings.nats_url)
     await nc.subscribe("engram.memory.changed.v1", cb=on_change)
-    base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
+    base = f"{settings.local_gateway_url}/v1"
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         for i in range(turns):
             token = f"wpb{i:05d}"

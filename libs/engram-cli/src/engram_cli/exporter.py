@@ -15,7 +15,13 @@ from typing import TextIO
 import grpc
 
 from engram_cli.bench_common import progress
-from engram_cli.cli_common import CliSettings, CommandError, add_retrieval_flag, cli_settings
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_data_dir_flag,
+    add_retrieval_flag,
+    cli_settings,
+)
 from engram_core.memory_record import record_from_pb
 from engram_core.mirror_format import encode_component
 from engram_core.proto import KIND_BY_NAME, pb
@@ -115,7 +121,7 @@ def add_export_parser(
         "--mirror", type=Path, metavar="DIR", help="copy the tenant's mirror directory to DIR"
     )
     parser.add_argument("--mirror-root", type=Path, help="default: $ENGRAM_MIRROR_ROOT")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)
 

@@ -46,6 +46,7 @@ from engram_cli.bench_common import progress
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
+    add_data_dir_flag,
     add_gateway_flags,
     add_retrieval_flag,
     api_error,
@@ -598,7 +599,7 @@ def add_import_parser(
         "(default: $ENGRAM_LLM_MODEL; with neither, no facts are extracted)",
     )
     parser.add_argument("--state-file", type=Path, help="where to record progress")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_gateway_flags(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 import grpc
-from pydantic import Field
 
+from engram_cli.cli_common import add_data_dir_flag, add_retrieval_flag, cli_settings
 from engram_core.events import MemoryRecord
 from engram_core.memory_record import record_to_pb
 from engram_core.mirror_format import (
@@ -32,16 +32,9 @@ from engram_core.mirror_format import (
 )
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
-from engram_core.settings import EngramSettings, load_settings
 
 #: Retrieval accepts at most 2048 memories per Upsert.
 MAX_BATCH = 2048
-
-
-class RebuildSettings(EngramSettings):
-    mirror_root: Path | None = Field(
-        default=None, description="The mirror's root (default <data_dir>/mirror)."
-    )
 
 
 def add_rebuild_parser(
@@ -63,11 +56,8 @@ def add_rebuild_parser(
         help="the mirror (default: $ENGRAM_MIRROR_ROOT or $ENGRAM_DATA_DIR/mirror)",
     )
     parser.add_argument("--tenant", help="rebuild only this tenant (default: all)")
-    parser.add_argument(
-        "--retrieval",
-        metavar="HOST:PORT",
-        help="retrieval service (default: $ENGRAM_RETRIEVAL_ADDRESS or 127.0.0.1:50051)",
-    )
+    add_retrieval_flag(parser)
+    add_data_dir_flag(parser)
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -240,11 +230,8 @@ def _to_pb(record: MemoryRecord, tenant: str) -> pb.Memory:
 
 
 def run_rebuild(args: argparse.Namespace) -> int:
-    overrides: dict[str, object] = {}
-    if args.retrieval:
-        overrides["retrieval_address"] = args.retrieval
-    settings = load_settings(RebuildSettings, **overrides)
-    root = args.mirror_root or settings.mirror_root or settings.data_dir / "mirror"
+    settings = cli_settings(args)
+    root = settings.mirror
     if not 1 <= args.batch_size <= MAX_BATCH:
         print(f"engram rebuild: --batch-size must be in 1..{MAX_BATCH}", file=sys.stderr)
         return 2

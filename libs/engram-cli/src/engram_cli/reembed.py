@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from engram_cli.bench_common import progress
-from engram_cli.cli_common import CliSettings, CommandError, add_retrieval_flag, cli_settings
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_data_dir_flag,
+    add_retrieval_flag,
+    cli_settings,
+)
 from engram_core.mirror_format import decode_component
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
@@ -157,7 +163,7 @@ def add_reembed_parser(
     )
     parser.add_argument("--page-size", type=int, default=PAGE, help=f"1..{PAGE}")
     parser.add_argument("--mirror-root", help="default: $ENGRAM_MIRROR_ROOT or <data_dir>/mirror")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)
 

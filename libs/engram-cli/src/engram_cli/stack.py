@@ -22,29 +22,15 @@ from typing import IO
 from urllib.parse import urlparse
 
 import httpx
-from pydantic import Field
 
+from engram_cli.cli_common import WORKERS, CliSettings, reachable_address
 from engram_cli.nats_server import NatsServerProcess, port_is_open
-from engram_core.settings import EngramSettings
 
 READY_TIMEOUT_S = 180.0
-#: Every worker, in start order; each is its own process (``engram-<name>``).
-WORKERS = ("ingest", "reconcile", "summarize", "evict", "mirror", "edits")
 STOP_TIMEOUT_S = 15.0
-
-
-class StackSettings(EngramSettings):
-    """What ``engram up`` needs to know; each service reads its own variables too."""
-
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = Field(default=8100, ge=1, le=65535)
-    retrieval_listen: str = "127.0.0.1:50051"
-    health_port_base: int = Field(
-        default=8201,
-        ge=1,
-        le=65535 - len(WORKERS),
-        description="The workers' health endpoints listen on this port and the next ones.",
-    )
+#: ``engram up`` reads the CLI's one settings class: where it places each piece is where
+#: the client commands look for it.
+StackSettings = CliSettings
 
 
 @dataclass
@@ -94,7 +80,7 @@ def _script(name: str) -> str:
 class Stack:
     def __init__(
         self,
-        settings: StackSettings,
+        settings: CliSettings,
         *,
         echo: Callable[[str], None] = print,
         relay_logs: bool = True,
@@ -128,12 +114,12 @@ class Stack:
             **self.extra_env,
             "ENGRAM_DATA_DIR": str(self.data_dir),
             "ENGRAM_NATS_URL": s.nats_url,
-            "ENGRAM_RETRIEVAL_ADDRESS": s.retrieval_listen,
+            "ENGRAM_RETRIEVAL_ADDRESS": reachable_address(s.retrieval_listen),
             "PYTHONUNBUFFERED": "1",
         }
         if not sys.stderr.isatty():
             base.setdefault("ENGRAM_LOG_FORMAT", "json")
-        gateway_url = f"http://{s.gateway_host}:{s.gateway_port}"
+        gateway_url = s.local_gateway_url
         return [
             Component(
                 name="retrieval",
@@ -144,7 +130,7 @@ class Stack:
                     "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen,
                 },
                 endpoint=f"grpc://{s.retrieval_listen}",
-                is_ready=_grpc_serving(s.retrieval_listen),
+                is_ready=_grpc_serving(reachable_address(s.retrieval_listen)),
             ),
             Component(
                 name="gateway",
@@ -176,7 +162,7 @@ class Stack:
         ]
 
     def worker_health_ports(self) -> dict[str, int]:
-        return {w: self.settings.health_port_base + i for i, w in enumerate(WORKERS)}
+        return self.settings.worker_health_ports()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -287,7 +273,7 @@ class Stack:
         self.echo("engram: stopped")
 
 
-def run_stack(settings: StackSettings) -> int:
+def run_stack(settings: CliSettings) -> int:
     """Run until Ctrl-C / SIGTERM or until a component dies. Returns the exit code."""
     stack = Stack(settings)
     stop_requested = threading.Event()
