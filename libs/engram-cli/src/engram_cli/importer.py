@@ -42,7 +42,6 @@ from typing import Any, Literal, TextIO
 import grpc
 import httpx
 
-from engram_cli.bench_common import progress
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
@@ -53,6 +52,7 @@ from engram_cli.cli_common import (
     auth_headers,
     cli_settings,
 )
+from engram_cli.console import ProgressCallback
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
@@ -609,27 +609,24 @@ def import_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     settings = cli_settings(args)
 
-    def bar(done: int, total: int) -> None:
-        if total:
-            progress("import", done, total)
-
     try:
-        result = asyncio.run(
-            run_import(
-                args.file,
-                settings,
-                via=args.via,
-                fmt=args.format,
-                tenant=args.tenant,
-                user=args.user,
-                conversation=args.conversation,
-                model=args.model or settings.llm_model,
-                state_file=args.state_file,
-                on_progress=bar,
+        with ProgressCallback("import") as bar:
+            result = asyncio.run(
+                run_import(
+                    args.file,
+                    settings,
+                    via=args.via,
+                    fmt=args.format,
+                    tenant=args.tenant,
+                    user=args.user,
+                    conversation=args.conversation,
+                    model=args.model or settings.llm_model,
+                    state_file=args.state_file,
+                    on_progress=bar,
+                )
             )
-        )
     except CommandError as exc:
-        print(f"\nengram import: {exc}", file=sys.stderr)
+        print(f"engram import: {exc}", file=sys.stderr)
         if not isinstance(exc, ImportFormatError):
             print("engram import: what was sent is recorded; re-run to resume", file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ from engram_cli.cli_common import (
     add_retrieval_flag,
     cli_settings,
 )
+from engram_cli.console import print_table
 from engram_cli.nats_server import port_is_open
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb
@@ -157,31 +158,24 @@ def all_ready(status: dict[str, Any]) -> bool:
 
 
 def print_status(status: dict[str, Any], out: TextIO) -> None:
-    print("services:", file=out)
-    for name, entry in status["services"].items():
-        where = entry.get("url") or entry.get("address", "")
-        extra = f"  {entry['checks']}" if entry.get("checks") else ""
-        print(f"  {name:<10} {entry['status']:<12} {where}{extra}", file=out)
+    services = [
+        [name, entry["status"], entry.get("url") or entry.get("address", ""), entry.get("checks")]
+        for name, entry in status["services"].items()
+    ]
+    print_table(["service", "status", "where", "checks"], services, title="services", out=out)
     js = status["jetstream"]
     if "error" in js:
         print(f"jetstream: {js['error']}", file=out)
     else:
-        print(
-            f"jetstream: stream {js['stream']['name']}, {js['stream']['messages']} messages",
-            file=out,
-        )
-        print(
-            f"  {'consumer':<10} {'pending':>8} {'ack_pending':>12} {'redelivered':>12}", file=out
-        )
-        for name, info in js["consumers"].items():
-            if info is None:
-                print(f"  {name:<10} (no consumer yet)", file=out)
-            else:
-                print(
-                    f"  {name:<10} {info['num_pending']:>8} {info['num_ack_pending']:>12} "
-                    f"{info['redelivered']:>12}",
-                    file=out,
-                )
+        consumers = [
+            [name, "-", "-", "-", "no consumer yet"]
+            if info is None
+            else [name, info["num_pending"], info["num_ack_pending"], info["redelivered"], ""]
+            for name, info in js["consumers"].items()
+        ]
+        title = f"jetstream: stream {js['stream']['name']}, {js['stream']['messages']} messages"
+        columns = ["consumer", "pending", "ack_pending", "redelivered", "note"]
+        print_table(columns, consumers, title=title, out=out)
     counts = status["memories"]
     if "error" in counts:
         print(f"memories: {counts['error']}", file=out)
