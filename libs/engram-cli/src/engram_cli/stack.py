@@ -72,6 +72,21 @@ def _grpc_serving(address: str) -> Callable[[], bool]:
     return check
 
 
+def services_log_format(
+    settings: CliSettings, *, terminal: bool, extra_env: dict[str, str] | None = None
+) -> str:
+    """The ``ENGRAM_LOG_FORMAT`` ``engram up`` gives its services: the one set (in the
+    environment or ``extra_env``) as json or console; else console when their lines go
+    to a terminal (a developer watching), JSON otherwise (a file, a pipe, CI). The
+    services' own stderr is always a pipe to ``up``, so ``auto`` is decided here."""
+    wanted = (extra_env or {}).get("ENGRAM_LOG_FORMAT", "").strip().lower()
+    if not wanted and "log_format" in settings.model_fields_set:
+        wanted = settings.log_format
+    if wanted in ("json", "console"):
+        return wanted
+    return "console" if terminal else "json"
+
+
 def _script(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
@@ -95,6 +110,9 @@ class Stack:
         self.workers = workers
         self.echo = echo
         self.relay_logs = relay_logs
+        self.log_format = services_log_format(
+            settings, terminal=relay_logs and sys.stdout.isatty(), extra_env=self.extra_env
+        )
         self.data_dir = settings.data_dir.resolve()
         self.log_dir = self.data_dir / "logs"
         nats = urlparse(settings.nats_url.split(",")[0])
@@ -117,8 +135,7 @@ class Stack:
             "ENGRAM_RETRIEVAL_ADDRESS": reachable_address(s.retrieval_listen),
             "PYTHONUNBUFFERED": "1",
         }
-        if not sys.stderr.isatty():
-            base.setdefault("ENGRAM_LOG_FORMAT", "json")
+        base["ENGRAM_LOG_FORMAT"] = self.log_format
         gateway_url = s.local_gateway_url
         return [
             Component(
@@ -169,6 +186,10 @@ class Stack:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.echo(f"engram: data dir {self.data_dir}")
+        self.echo(
+            f"engram: service logs as {self.log_format} (ENGRAM_LOG_FORMAT=json|console), "
+            f"also in {self.log_dir}"
+        )
         self.nats.start()
         self.echo(f"engram: nats       ready  {self.nats.url} (JetStream, {self.nats.store_dir})")
         for component in self.components:
