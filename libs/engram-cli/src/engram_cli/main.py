@@ -35,10 +35,14 @@ def _cmd_scripted_llm(args: argparse.Namespace) -> int:
 
     from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 
-    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply=args.reply)])
+    if args.keep < 1:
+        print("engram scripted-llm: --keep must be at least 1", file=sys.stderr)
+        return 2
+    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply=args.reply)], keep=args.keep)
     upstream.port = args.port
     upstream.start()
     print(f"engram: scripted LLM at {upstream.base_url} (Ctrl-C stops)", flush=True)
+    print(f"engram: what it received: GET http://127.0.0.1:{upstream.port}/requests", flush=True)
     try:
         while True:
             time.sleep(3600)
@@ -108,9 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     scripted = commands.add_parser(
         "scripted-llm",
         help="a deterministic rule-based OpenAI-compatible server (demos, benchmarks)",
+        description="Answers chats with a fixed reply and Engram's worker tasks by simple "
+        "rules. GET /requests lists what it received (what Engram sent upstream), newest "
+        "last; ?limit=N for the last N; DELETE /requests forgets them.",
     )
     scripted.add_argument("--port", type=int, default=11434, help="port on 127.0.0.1")
     scripted.add_argument("--reply", default="Noted.", help="the reply to every chat")
+    scripted.add_argument(
+        "--keep",
+        type=int,
+        default=1000,
+        help="requests remembered for GET /requests (the most recent; default 1000)",
+    )
     scripted.set_defaults(func=_cmd_scripted_llm)
 
     from engram_cli.bench import add_bench_parser

@@ -3,6 +3,10 @@
 It speaks the Chat Completions wire format (JSON and SSE streaming) with
 deterministic replies, so the gateway's production code path — the ``openai``
 package over HTTP — is exercised unchanged.
+
+``GET /requests`` returns what it received (what Engram sent upstream) as a JSON list,
+newest last (``?limit=N``: the last N); ``DELETE /requests`` forgets them. Credentials
+are shown redacted (``Bearer <redacted>``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engram_cli.nats_server import free_port
+from engram_cli.scripted_grammar import split_clauses, third_person
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,27 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    method: str = "POST"
+    received_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "received_at": self.received_at,
+            "headers": {k: _redacted(k, v) for k, v in self.headers.items()},
+            "body": self.body,
+        }
+
+
+_CREDENTIALS = frozenset({"authorization", "x-upstream-authorization", "api-key", "x-api-key"})
+
+
+def _redacted(name: str, value: str) -> str:
+    if name.lower() not in _CREDENTIALS:
+        return value
+    scheme, _, secret = value.partition(" ")
+    return f"{scheme} <redacted>" if secret else "<redacted>"
 
 
 @dataclass
@@ -52,8 +78,10 @@ class ScriptedUpstream:
     requests: list[RecordedRequest] = field(default_factory=list)
     fail_with: int | None = None  # respond with this HTTP status instead
     delay_s: float = 0.0
+    keep: int | None = None  # remember at most this many requests (None: all)
 
     def __post_init__(self) -> None:
+        self._chats_received = 0
         self.port = free_port()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -70,13 +98,23 @@ class ScriptedUpstream:
         return [body for body in self.chat_requests() if not is_task_request(body)]
 
     def _next_reply(self, body: dict[str, Any]) -> str | UpstreamError:
-        index = len(self.chat_requests()) - 1
+        # Counted apart from ``requests`` (which may be capped or cleared); a chat
+        # answered with ``fail_with`` still uses up its turn, as before.
+        index = self._chats_received - 1
         reply = self.replies[min(index, len(self.replies) - 1)]
         return reply(body) if callable(reply) else reply
 
+    def _record(self, request: Request, body: dict[str, Any]) -> None:
+        self.requests.append(
+            RecordedRequest(request.url.path, dict(request.headers), body, request.method)
+        )
+        if self.keep is not None and len(self.requests) > self.keep:
+            del self.requests[: len(self.requests) - self.keep]
+
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
-        self.requests.append(RecordedRequest(request.url.path, dict(request.headers), body))
+        self._record(request, body)
+        self._chats_received += 1
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.fail_with is not None:
@@ -137,7 +175,7 @@ class ScriptedUpstream:
         yield "data: [DONE]\n\n"
 
     async def _models(self, request: Request) -> Response:
-        self.requests.append(RecordedRequest(request.url.path, dict(request.headers), {}))
+        self._record(request, {})
         return JSONResponse(
             {
                 "object": "list",
@@ -147,11 +185,26 @@ class ScriptedUpstream:
             }
         )
 
+    async def _recorded(self, request: Request) -> Response:
+        if request.method == "DELETE":
+            forgotten = len(self.requests)
+            self.requests.clear()
+            return JSONResponse({"deleted": forgotten})
+        limit = request.query_params.get("limit", "")
+        if limit and not (limit.isdigit() and int(limit) > 0):
+            return JSONResponse(
+                {"error": {"message": "limit must be a positive integer", "type": "invalid"}},
+                status_code=400,
+            )
+        recorded = self.requests[-int(limit) :] if limit else list(self.requests)
+        return JSONResponse([r.to_json() for r in recorded])
+
     def app(self) -> Starlette:
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/requests", self._recorded, methods=["GET", "DELETE"]),
             ]
         )
 
@@ -201,18 +254,27 @@ _PROFILE_PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
 ]
 
 
-def _third_person(sentence: str) -> str:
-    s = sentence.strip().rstrip(".!")
-    s = re.sub(r"\bI'm\b", "User is", s)
-    s = re.sub(r"\bI am\b", "User is", s)
-    s = re.sub(
-        r"^I (\w+?)(e?s)?\b",
-        lambda m: f"User {m.group(1)}{'es' if m.group(1).endswith(('sh', 'ch')) else 's'}",
-        s,
-    )
-    s = re.sub(r"\bmy\b", "User's", s, flags=re.IGNORECASE)
-    s = re.sub(r"\bme\b", "User", s)
-    return s[0].upper() + s[1:] if s else s
+def _statements(message: str) -> list[tuple[str, float]]:
+    """The first-person statements of a message, one per clause, with a confidence:
+    hedged ("I think…") 0.4, sure ("definitely") 0.95, else 0.9. Questions and
+    greetings are not statements."""
+    found = []
+    for raw in re.split(r"(?<=[.!?])\s+", message):
+        sentence = raw.strip()
+        if not sentence or sentence.endswith("?") or _CHIT_CHAT.match(sentence):
+            continue
+        for clause in split_clauses(sentence):
+            clause = _FILLERS.sub("", clause)
+            confidence = 0.9
+            if _UNSURE.search(clause):
+                confidence = 0.4
+                clause = _UNSURE.sub(lambda m: "is" if m.group(2) else "", clause)
+            if _SURE.search(clause):
+                confidence = 0.95
+                clause = _SURE.sub("", clause)
+            if re.match(r"^(i|i'm|i've|i'll|i'd|my)\b", clause, re.IGNORECASE):
+                found.append((clause, confidence))
+    return found
 
 
 def is_task_request(body: dict[str, Any]) -> bool:
@@ -255,20 +317,8 @@ class RuleBasedBrain:
     def _task_extract_facts(self, payload: dict[str, Any]) -> dict[str, Any]:
         facts: list[str] = []
         profile: list[dict[str, Any]] = []
-        for raw in re.split(r"(?<=[.!?])\s+", payload.get("message", "")):
-            sentence = _FILLERS.sub("", raw.strip())
-            if not sentence or sentence.endswith("?") or _CHIT_CHAT.match(sentence):
-                continue
-            confidence = 0.9
-            if _UNSURE.search(sentence):
-                confidence = 0.4
-                sentence = _UNSURE.sub(lambda m: "is" if m.group(2) else "", sentence)
-            if _SURE.search(sentence):
-                confidence = 0.95
-                sentence = _SURE.sub("", sentence)
-            if not re.match(r"^(i|i'm|my)\b", sentence, re.IGNORECASE):
-                continue
-            fact = _third_person(sentence)
+        for sentence, confidence in _statements(payload.get("message", "")):
+            fact = third_person(sentence)
             if len(facts) < 3:
                 facts.append(fact)
             for pattern, category, key in _PROFILE_PATTERNS:
