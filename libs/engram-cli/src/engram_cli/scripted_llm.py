@@ -38,7 +38,25 @@ class UpstreamError:
     message: str = "scripted failure"
 
 
-Reply = str | UpstreamError | Callable[[dict[str, Any]], "str | UpstreamError"]
+@dataclass(frozen=True)
+class ToolCall:
+    """A scripted reply that calls a tool (``finish_reason: tool_calls``)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = "call_scripted_1"
+
+    def message_part(self, index: int = 0) -> dict[str, Any]:
+        return {
+            "index": index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+Answer = str | UpstreamError | ToolCall
+Reply = Answer | Callable[[dict[str, Any]], Answer]
 
 
 @dataclass
@@ -97,7 +115,7 @@ class ScriptedUpstream:
         """Chat requests that came from users, without the workers' task calls."""
         return [body for body in self.chat_requests() if not is_task_request(body)]
 
-    def _next_reply(self, body: dict[str, Any]) -> str | UpstreamError:
+    def _next_reply(self, body: dict[str, Any]) -> Answer:
         # Counted apart from ``requests`` (which may be capped or cleared); a chat
         # answered with ``fail_with`` still uses up its turn, as before.
         index = self._chats_received - 1
@@ -129,10 +147,26 @@ class ScriptedUpstream:
                 status_code=text.status,
             )
         created = int(time.time())
-        completion_id = f"chatcmpl-{len(self.requests)}"
+        completion_id = f"chatcmpl-{self._chats_received}"
         if body.get("stream"):
-            return StreamingResponse(
-                self._stream(completion_id, created, text), media_type="text/event-stream"
+            chunks = (
+                self._stream_tool_call(completion_id, created, text)
+                if isinstance(text, ToolCall)
+                else self._stream(completion_id, created, text)
+            )
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        if isinstance(text, ToolCall):
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{k: v for k, v in text.message_part().items() if k != "index"}],
+            }
+            finish, words = "tool_calls", 1
+        else:
+            message, finish, words = (
+                {"role": "assistant", "content": text},
+                "stop",
+                len(text.split()),
             )
         return JSONResponse(
             {
@@ -140,31 +174,40 @@ class ScriptedUpstream:
                 "object": "chat.completion",
                 "created": created,
                 "model": body.get("model", self.model),
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": text},
-                    }
-                ],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                 "usage": {
                     "prompt_tokens": 10,
-                    "completion_tokens": len(text.split()),
-                    "total_tokens": 10 + len(text.split()),
+                    "completion_tokens": words,
+                    "total_tokens": 10 + words,
                 },
             }
         )
 
+    def _chunk(
+        self, completion_id: str, created: int, delta: dict[str, Any], finish: str | None = None
+    ) -> str:
+        payload = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return f"data: {json.dumps(payload)}\n\n"
+
+    async def _stream_tool_call(self, completion_id: str, created: int, call: ToolCall):  # type: ignore[no-untyped-def]
+        part = call.message_part()
+        arguments = part["function"]["arguments"]
+        head = {**part, "function": {"name": call.name, "arguments": ""}}
+        yield self._chunk(completion_id, created, {"role": "assistant", "tool_calls": [head]})
+        tail = {"index": 0, "function": {"arguments": arguments}}
+        yield self._chunk(completion_id, created, {"tool_calls": [tail]})
+        yield self._chunk(completion_id, created, {}, "tool_calls")
+        yield "data: [DONE]\n\n"
+
     async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return f"data: {json.dumps(payload)}\n\n"
+            return self._chunk(completion_id, created, delta, finish)
 
         yield chunk({"role": "assistant", "content": ""})
         for word in text.split(" "):
