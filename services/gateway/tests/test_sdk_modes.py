@@ -12,12 +12,13 @@ import httpx2
 from openai import AsyncOpenAI, OpenAI
 
 CHAT = "/v1/chat/completions"
-MESSAGES = [{"role": "user", "content": "Say hello"}]
+QUESTION = "Say hello"
 SDK_OPTIONS = {"x-stainless-raw-response", "x-stainless-retry-count", "x-stainless-read-timeout"}
 
 
-def chat_args(**extra: Any) -> dict[str, Any]:
-    return {"model": "test-model", "messages": MESSAGES, "user": "bob", **extra}
+def chat_args(question: str = QUESTION, **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": question}]
+    return {"model": "test-model", "messages": messages, "user": "bob", **extra}
 
 
 def assert_upstream_saw_a_plain_call(upstream: Any, *, stream: bool) -> None:
@@ -40,7 +41,7 @@ async def test_async_with_raw_response_and_streaming_response(
     async with AsyncOpenAI(
         base_url=gateway.url + "/v1", api_key="k", max_retries=0, default_headers=headers
     ) as sdk:
-        raw = await sdk.chat.completions.with_raw_response.create(**chat_args())
+        raw = await sdk.chat.completions.with_raw_response.create(**chat_args("Say hello 1"))
         assert raw.status_code == 200
         assert raw.headers["x-request-id"]
         assert raw.headers["x-engram-memory"] == "empty"
@@ -48,7 +49,9 @@ async def test_async_with_raw_response_and_streaming_response(
         assert_upstream_saw_a_plain_call(scripted_upstream, stream=False)
 
         scripted_upstream.requests.clear()
-        raw_stream = await sdk.chat.completions.with_raw_response.create(**chat_args(stream=True))
+        raw_stream = await sdk.chat.completions.with_raw_response.create(
+            **chat_args("Say hello 2", stream=True)
+        )
         assert raw_stream.headers["x-request-id"]
         text = "".join(
             [c.choices[0].delta.content or "" async for c in raw_stream.parse() if c.choices]
@@ -57,7 +60,9 @@ async def test_async_with_raw_response_and_streaming_response(
         assert_upstream_saw_a_plain_call(scripted_upstream, stream=True)
 
         scripted_upstream.requests.clear()
-        async with sdk.chat.completions.with_streaming_response.create(**chat_args()) as reply:
+        async with sdk.chat.completions.with_streaming_response.create(
+            **chat_args("Say hello 3")
+        ) as reply:
             assert reply.headers["x-request-id"]
             completion = await reply.parse()
         assert completion.choices[0].message.content == "Hello there"
@@ -65,13 +70,13 @@ async def test_async_with_raw_response_and_streaming_response(
 
         scripted_upstream.requests.clear()
         async with sdk.chat.completions.with_streaming_response.create(
-            **chat_args(stream=True)
+            **chat_args("Say hello 4", stream=True)
         ) as reply:
             assert reply.headers["content-type"].startswith("text/event-stream")
             lines = [line async for line in reply.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]"
         assert_upstream_saw_a_plain_call(scripted_upstream, stream=True)
-    # four calls, no retries: a user and an assistant turn each, nothing stored twice
+    # four different chats, no retries: a user and an assistant turn each, nothing twice
     assert await _settled_count(jetstream, 8) == 8
 
 

@@ -22,7 +22,7 @@ import grpc
 
 from engram_cli.cli_common import add_data_dir_flag, add_retrieval_flag, cli_settings
 from engram_cli.console import ProgressBar
-from engram_core.events import MemoryRecord
+from engram_core.memory import MemoryRecord
 from engram_core.memory_record import record_to_pb
 from engram_core.mirror_format import (
     MirrorFormatError,

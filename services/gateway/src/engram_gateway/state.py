@@ -10,7 +10,7 @@ from opentelemetry import trace
 from starlette.requests import Request
 
 from engram_core.event_status import EventStatusStore
-from engram_core.retrieval_client import RetrievalClient
+from engram_core.memory_port import MemoryPort
 from engram_gateway.request_ids import REQUEST_ID_HEADER, RequestIdMiddleware, request_id
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import TurnPublisher
@@ -20,7 +20,7 @@ from engram_gateway.upstream import Upstream
 @dataclass
 class GatewayState:
     settings: GatewaySettings
-    retrieval: RetrievalClient
+    memories: MemoryPort
     broker: NatsBroker
     publisher: TurnPublisher
     upstream: Upstream
