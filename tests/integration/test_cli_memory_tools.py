@@ -506,7 +506,10 @@ async def test_import_search_and_status_through_the_gateway(
         assert status["memories"]["by_kind"]["fact"] == 1
         assert await cli(*status_args) == 1
         out = capsys.readouterr().out
-        assert "gateway    ready" in out and "ingest            4" in out
+        rows = [line.split() for line in out.splitlines()]
+        assert ["gateway", "ready", f"{gateway}/readyz"] in rows  # the services table
+        assert ["ingest", "4", "0", "0"] in rows  # the consumers table: 4 pending
+        assert ["reconcile", "-", "-", "-", "no", "consumer", "yet"] in rows
         assert "memories of tenant 'default': 1 current (fact 1), 0 superseded" in out
 
 

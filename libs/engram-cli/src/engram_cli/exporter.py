@@ -14,8 +14,14 @@ from typing import TextIO
 
 import grpc
 
-from engram_cli.bench_common import progress
-from engram_cli.cli_common import CliSettings, CommandError, add_retrieval_flag, cli_settings
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_data_dir_flag,
+    add_retrieval_flag,
+    cli_settings,
+)
+from engram_cli.console import ProgressCallback
 from engram_core.memory_record import record_from_pb
 from engram_core.mirror_format import encode_component
 from engram_core.proto import KIND_BY_NAME, pb
@@ -116,7 +122,7 @@ def add_export_parser(
         "--mirror", type=Path, metavar="DIR", help="copy the tenant's mirror directory to DIR"
     )
     parser.add_argument("--mirror-root", type=Path, help="default: $ENGRAM_MIRROR_ROOT")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)
 
@@ -150,13 +156,14 @@ def export_command(args: argparse.Namespace) -> int:
 async def _export(
     settings: CliSettings, args: argparse.Namespace, out: TextIO, *, show: bool
 ) -> int:
-    return await export_jsonl(
-        settings,
-        args.tenant,
-        out,
-        kinds=args.kind,
-        include_superseded=args.include_superseded,
-        user=args.user,
-        conversation=args.conversation,
-        on_progress=(lambda d, t: progress("export", d, t)) if show else None,
-    )
+    with ProgressCallback("export") as bar:
+        return await export_jsonl(
+            settings,
+            args.tenant,
+            out,
+            kinds=args.kind,
+            include_superseded=args.include_superseded,
+            user=args.user,
+            conversation=args.conversation,
+            on_progress=bar if show else None,
+        )

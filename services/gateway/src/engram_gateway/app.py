@@ -25,8 +25,9 @@ from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
 from engram_gateway import chat, health, memory_api, passthrough
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
+from engram_gateway.request_ids import RequestIdMiddleware
 from engram_gateway.settings import GatewaySettings
-from engram_gateway.state import GatewayState, RequestIdMiddleware
+from engram_gateway.state import GatewayState
 from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
