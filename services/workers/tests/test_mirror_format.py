@@ -296,11 +296,16 @@ def test_memory_files_walks_both_levels(tmp_path: Path) -> None:
     ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x", encoding="utf-8")
-    assert memory_files(tmp_path) == [
+    (tmp_path / "globex/c1/facts").mkdir(parents=True)
+    (tmp_path / "globex/c1/facts/e.md").write_text("x", encoding="utf-8")
+    acme = [
         "acme/@alice/default/deleted/facts/c.md",
         "acme/@alice/default/facts/b.md",
         "acme/global/facts/a.md",
     ]
+    assert memory_files(tmp_path) == [*acme, "globex/c1/facts/e.md"]
+    assert memory_files(tmp_path, "acme") == acme  # one tenant's, still root-relative
+    assert memory_files(tmp_path, "nobody") == []
 
 
 def test_a_file_dropped_into_a_users_folder_is_that_users() -> None:

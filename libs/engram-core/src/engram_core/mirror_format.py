@@ -295,11 +295,13 @@ def classify(rel_path: str | PurePosixPath) -> MirrorPath | None:
     )
 
 
-def memory_files(root: os.PathLike[str] | str) -> list[str]:
+def memory_files(root: os.PathLike[str] | str, tenant_dir: str | None = None) -> list[str]:
     """Relative (POSIX) paths of every memory file (see :func:`classify`) under the
-    root, sorted; hidden files and directories (``.git``, temp files) are skipped."""
+    root, or under one tenant's directory of it, sorted; hidden files and directories
+    (``.git``, temp files) are skipped."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    top = os.path.join(root, tenant_dir) if tenant_dir else root
+    for dirpath, dirnames, filenames in os.walk(top):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         rel_dir = PurePosixPath(*os.path.relpath(dirpath, root).split(os.sep))
         if len(rel_dir.parts) < 2 or str(rel_dir) == ".":
