@@ -25,6 +25,7 @@ from engram_testing.mirror_support import git_log, git_status
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import consumer_settled, published, quick_settings, running_worker
 from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
+from engram_workers.mirror.migration import MigrationPlan, plan_migration
 
 pytestmark = pytest.mark.integration
 
@@ -562,7 +563,8 @@ async def test_a_tree_from_before_users_had_folders_is_migrated_in_one_commit(
     assert "6 files of users' conversations moved" in body
     assert f"R100\tacme/default/deleted/facts/20260301T120000Z__{BOB_OLD}.md" in body
 
-    # A second start moves nothing.
+    # A second start moves nothing (nothing is left to move: the marker only spares the scan).
+    assert plan_migration(root) == MigrationPlan(moves=[], conflicts=[])
     async with running_worker(MIRROR, settings()):
         await asyncio.sleep(0.3)
     assert git_log(root) == subjects

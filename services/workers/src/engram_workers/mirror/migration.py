@@ -6,7 +6,8 @@ Before conversations belonged to users, every memory lived under
 level. At start-up the mirror moves every file there whose front matter names a user
 (live files and tombstones under ``deleted/``) to its place in the new layout, as it is
 (a rename: the bytes do not change), and commits all the moves as one commit. A tree
-that holds no such file is left alone, so a second start moves nothing.
+that holds no such file is left alone, so a second start moves nothing; once a tree is
+in the new layout a marker in ``.git/`` spares later starts the scan.
 
 Crash safety: the moves are journaled like any other write of the mirror, so a crash
 between the moves and the commit leaves the mirror's own uncommitted changes, which
@@ -38,6 +39,8 @@ from engram_workers.mirror.tree import PendingChanges
 log = get_logger(__name__)
 
 SUBJECT = "mirror: conversations belong to users (layout migration)"
+#: In ``.git/``: this tree has been checked (and moved) into the user layout.
+MARKER_NAME = "engram-mirror-layout"
 #: Moves listed in the commit message body, at most.
 MAX_LISTED = 200
 
@@ -77,7 +80,7 @@ def plan_migration(root: Path) -> MigrationPlan:
 
 def _new_place(root: Path, rel: str) -> str | None:
     info = classify(rel)
-    if info is None or info.scope_depth != 2:
+    if info is None or info.scope_depth != 2 or not _may_name_a_user(root / rel):
         return None
     try:
         parsed = parse((root / rel).read_text(encoding="utf-8"), info)
@@ -87,6 +90,24 @@ def _new_place(root: Path, rel: str) -> str | None:
         return None
     place = tombstone_path if info.deleted else live_path
     return str(place(parsed.tenant, parsed.record))
+
+
+def _may_name_a_user(path: Path) -> bool:
+    """False when the front matter's ``user_id`` line is absent or empty: most files of
+    a tree with no users, skipped without parsing their YAML (best effort; a file that
+    passes is parsed)."""
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            if handle.readline().strip() != "---":
+                return False
+            for line in handle:
+                if line.strip() in ("---", "..."):
+                    return False
+                if line.startswith("user_id:"):
+                    return line[len("user_id:") :].strip() not in ("", "''", '""')
+    except OSError:
+        return False
+    return False
 
 
 def _read(path: Path) -> bytes | None:
@@ -121,6 +142,9 @@ async def migrate_layout(root: Path, git: GitRepo, pending: PendingChanges) -> d
     Returns ``{old path: new path}`` of the files moved (empty when there was nothing
     to do), so start-up can follow the files it already knew about.
     """
+    marker = root / ".git" / MARKER_NAME
+    if marker.is_file():
+        return {}
     plan = await asyncio.to_thread(plan_migration, root)
     for conflict in plan.conflicts:
         log.warning(
@@ -130,6 +154,7 @@ async def migrate_layout(root: Path, git: GitRepo, pending: PendingChanges) -> d
             hint="another file already holds this memory in the new layout; left in place",
         )
     if not plan.moves:
+        _mark_done(marker, plan)
         return {}
     for move in plan.moves:
         sha = content_sha256((root / move.source).read_bytes())
@@ -145,6 +170,8 @@ async def migrate_layout(root: Path, git: GitRepo, pending: PendingChanges) -> d
         pending.give_back(batch)
         log.error("mirror.commit_failed", stage="layout migration", error=str(exc))
         commit = None
+    else:
+        _mark_done(marker, plan)
     log.info(
         "mirror.layout_migrated",
         files=len(plan.moves),
@@ -152,6 +179,13 @@ async def migrate_layout(root: Path, git: GitRepo, pending: PendingChanges) -> d
         left_in_place=len(plan.conflicts),
     )
     return {move.source: move.target for move in plan.moves}
+
+
+def _mark_done(marker: Path, plan: MigrationPlan) -> None:
+    """Remember that this tree is in the user layout, so later starts skip the scan;
+    a tree with files left in place is looked at again (and they are logged again)."""
+    if not plan.conflicts:
+        marker.write_text("users\n", encoding="utf-8")
 
 
 def migration_message(moves: list[Move]) -> str:
