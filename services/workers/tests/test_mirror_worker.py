@@ -423,6 +423,16 @@ async def test_a_file_naming_another_user_or_conversation_than_its_folder_is_ref
         await eventually(alice_path.exists, what="alice's file")
         await eventually(lambda: git_status(root) == "", what="the commit")
 
+        # A copy of alice's file in bob's folder is refused; removing it again removes
+        # a file, not alice's memory (her own file still holds it).
+        copy = root / "acme/@bob/c1/facts" / alice_path.name
+        copy.parent.mkdir(parents=True)
+        copy.write_text(alice_path.read_text())
+        copy_rel = str(copy.relative_to(root))
+        await eventually(lambda: mirror.tree.known.get(copy_rel), what="the copy refused")
+        copy.unlink()
+        await eventually(lambda: mirror.tree.known.get(copy_rel, "") is None, what="copy gone")
+
         # A file in alice's folder that says it is bob's.
         claims_bob = root / "acme/@alice/c1/facts/bob.md"
         claims_bob.write_text("---\nkind: fact\nuser_id: bob\n---\n\nI like jazz.\n")
@@ -435,7 +445,6 @@ async def test_a_file_naming_another_user_or_conversation_than_its_folder_is_ref
         no_user_level.write_text("---\nkind: fact\nuser_id: alice\n---\n\nI like pop.\n")
         # Alice's own file moved into bob's folder: refused, and not a deletion.
         moved = root / "acme/@bob/c1/facts" / alice_path.name
-        moved.parent.mkdir(parents=True)
         alice_path.rename(moved)
 
         refused = [claims_bob, other_conv, no_user_level, moved]

@@ -282,6 +282,8 @@ class EditWatcher:
                 self.tree.id_by_path.pop(rel)
             self.pending.record(rel, None, "hand-moved", info.kind or "memory")
             return None
+        if self._removed_a_second_file(rel, info, memory_id):
+            return None
         state = await self._last_state(rel, info, memory_id)
         if state is None:
             log.warning("mirror.deleted_file_without_tenant", path=rel, memory_id=memory_id)
@@ -337,7 +339,34 @@ class EditWatcher:
 
     def _held_by_misplaced_file(self, memory_id: str) -> bool:
         rel = self._misplaced_files.get(memory_id)
-        return rel is not None and self.tree.abs(rel).is_file()
+        if rel is not None and not self.tree.abs(rel).is_file():
+            del self._misplaced_files[memory_id]
+            return False
+        return rel is not None
+
+    def _removed_a_second_file(self, rel: str, info: MirrorPath, memory_id: str) -> bool:
+        """A removed file whose memory another live file still holds (a refused copy
+        in another user's folder, say) was not the memory: forget the file, keep the
+        memory."""
+        holder = next(
+            (
+                other
+                for other, held in self.tree.id_by_path.items()
+                if held == memory_id
+                and other != rel
+                and not under_deleted(other)
+                and self.tree.abs(other).is_file()
+            ),
+            None,
+        )
+        if holder is None:
+            return False
+        self.tree.known[rel] = None
+        self.tree.untrack(rel)
+        self.tree.track(holder, memory_id)
+        self.pending.record(rel, None, "hand-deleted", info.kind or "memory")
+        log.info("mirror.second_file_removed", path=rel, memory_id=memory_id, kept=holder)
+        return True
 
     def _malformed(self, rel: str, sha: str, reason: str) -> None:
         if self.tree.known.get(rel) != sha:
