@@ -413,7 +413,7 @@ async def test_two_users_same_named_conversations_and_their_summaries_stay_apart
 
 
 async def test_a_file_naming_another_user_or_conversation_than_its_folder_is_refused(
-    settings, root, publisher, nats_url, capsys
+    settings, root, publisher, nats_url, capsys, caplog
 ) -> None:
     alice = rec(ALICE_FACT, "My dog is called Rex.", user_id="alice")
     async with running_worker(MIRROR, settings()) as worker:
@@ -454,7 +454,8 @@ async def test_a_file_naming_another_user_or_conversation_than_its_folder_is_ref
         await asyncio.sleep(0.3)
         assert await published(nats_url, MemoryEdited) == []  # nothing published, no delete
 
-    logged = "".join(capsys.readouterr())
+    # structlog prints, or (once a process configured logging) goes through the stdlib.
+    logged = "".join(capsys.readouterr()) + caplog.text
     for rel, mismatch in zip(
         rels,
         [
