@@ -71,6 +71,7 @@ def ranking_defaults(settings: RetrievalSettings) -> RankingParams:
         small_store_size=settings.small_store_size,
         candidate_multiplier=settings.candidate_multiplier,
         corrected_weight=settings.search_corrected_weight,
+        fact_margin=settings.search_fact_margin,
     )
 
 
