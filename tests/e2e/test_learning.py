@@ -17,40 +17,16 @@ from typing import Any
 import httpx
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_cli.stack import Stack
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
+from engram_testing.stack import start_stack
 
-from .conftest import stack_settings, wait_for
+from .conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 
 TENANT = "default"
-
-
-def start_stack(tmp: Path, **env: str) -> tuple[Stack, ScriptedUpstream]:
-    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply="Noted.")]).start()
-    stack = Stack(
-        stack_settings(tmp),
-        echo=lambda _: None,
-        relay_logs=False,
-        extra_env={
-            "ENGRAM_LLM_BASE_URL": upstream.base_url,
-            "ENGRAM_LOG_FORMAT": "json",
-            "ENGRAM_MIRROR_COMMIT_INTERVAL_S": "0.5",
-            # a killed worker's unacknowledged message comes back after this long
-            "ENGRAM_ACK_WAIT_S": "5",
-            **env,
-        },
-    )
-    try:
-        stack.start()
-    except BaseException:
-        stack.stop()
-        upstream.stop()
-        raise
-    return stack, upstream
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError, is_task_request
 from engram_cli.stack import WORKERS, Stack
-from engram_testing.stack import stack_settings
+from engram_testing.stack import start_stack
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import consumer_settled
 
@@ -146,26 +146,10 @@ class Engram:
 @pytest.fixture(scope="package")
 def engram(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engram]:
     model = Upstream()
-    upstream = ScriptedUpstream(replies=[model]).start()
     data_dir = tmp_path_factory.mktemp("scenarios") / "data"
-    stack = Stack(
-        stack_settings(data_dir),
-        echo=lambda _: None,
-        relay_logs=False,
-        extra_env={
-            "ENGRAM_LLM_BASE_URL": upstream.base_url,
-            "ENGRAM_LOG_FORMAT": "json",
-            "ENGRAM_MIRROR_COMMIT_INTERVAL_S": "0.5",
-            # No ENGRAM_LLM_MODEL: chats lend their model to extraction; texts added
-            # without one show what happens when no model is configured anywhere.
-        },
-    )
-    try:
-        stack.start()
-    except BaseException:
-        stack.stop()
-        upstream.stop()
-        raise
+    # No ENGRAM_LLM_MODEL: chats lend their model to extraction; texts added without one
+    # show what happens when no model is configured anywhere.
+    stack, upstream = start_stack(data_dir, replies=[model])
     try:
         yield Engram(stack, upstream, model, data_dir)
     finally:

@@ -658,9 +658,7 @@ async def test_client_hanging_up_mid_stream_records_no_assistant_turn(
 async def test_open_webui_forwarded_user_header_names_the_user(
     client: httpx2.AsyncClient, jetstream: Any, fake_retrieval: Any
 ) -> None:
-    response = await client.post(
-        CHAT, json=chat_body(), headers={"X-OpenWebUI-User-Id": "owui-42"}
-    )
+    response = await client.post(CHAT, json=chat_body(), headers={"X-OpenWebUI-User-Id": "owui-42"})
     assert response.status_code == 200
     assert fake_retrieval.requests[-1].user_id == "owui-42"
     user_turn, _ = await jetstream.events(2)
