@@ -87,9 +87,7 @@ def plan_rebuild(root: Path, tenant: str | None = None) -> Plan:
     plan = Plan()
     superseded: dict[str, tuple[str, MemoryRecord]] = {}
     tenant_dir = encode_component(tenant) if tenant else None
-    for rel in memory_files(root):
-        if tenant_dir is not None and rel.split("/", 1)[0] != tenant_dir:
-            continue
+    for rel in memory_files(root, tenant_dir):
         info = classify(rel)
         if info is None:
             continue

@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -35,7 +36,13 @@ from engram_cli.cli_common import (
     cli_settings,
 )
 from engram_cli.console import ProgressCallback
-from engram_core.mirror_format import decode_component
+from engram_core.mirror_format import (
+    MirrorFormatError,
+    classify,
+    decode_component,
+    memory_files,
+    parse,
+)
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 
@@ -59,17 +66,28 @@ class ReembedResult:
 
 
 def mirror_tenants(settings: CliSettings) -> list[str]:
-    """The tenants the mirror knows (one directory each); retrieval has no tenant list."""
+    """The tenants the mirror knows (one directory each, whatever its layout below);
+    retrieval has no tenant list. A shortened (unreadable) directory name is read from
+    the front matter of a file in it."""
     root = settings.mirror
     if not root.is_dir():
         raise CommandError(f"--all-tenants reads the tenants from the mirror; none at {root}")
     tenants = []
     for child in sorted(root.iterdir()):
         if child.is_dir() and not child.name.startswith("."):
-            name = decode_component(child.name)
+            name = decode_component(child.name) or _tenant_in_files(root, child.name)
             if name:
                 tenants.append(name)
     return tenants
+
+
+def _tenant_in_files(root: Path, tenant_dir: str) -> str | None:
+    for rel in memory_files(root, tenant_dir):
+        try:
+            return parse((root / rel).read_text(encoding="utf-8"), classify(rel)).tenant
+        except (MirrorFormatError, UnicodeDecodeError, OSError):
+            continue
+    return None
 
 
 async def reembed_tenant(
