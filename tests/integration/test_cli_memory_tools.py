@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ from engram_cli.cli_common import CliSettings
 from engram_cli.importer import run_import
 from engram_cli.main import main
 from engram_cli.nats_server import free_port
-from engram_core.events import STREAM_NAME
+from engram_core.events import STREAM_NAME, MemoryChanged
+from engram_core.memory import MemoryRecord
+from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path
 from engram_core.proto import from_timestamp, pb
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
@@ -32,7 +36,12 @@ from engram_retrieval.server import build_server
 from engram_retrieval.settings import RetrievalSettings
 from engram_testing.asgi import serving
 from engram_testing.upstream import ScriptedUpstream
-from engram_testing.worker_stack import RealRetrieval, running_retrieval, shared_embedder
+from engram_testing.worker_stack import (
+    RealRetrieval,
+    published,
+    running_retrieval,
+    shared_embedder,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -106,9 +115,10 @@ async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_url: str) -> Path:
     data = tmp_path / "data"
     monkeypatch.setenv("ENGRAM_DATA_DIR", str(data))
+    monkeypatch.setenv("ENGRAM_NATS_URL", nats_url)
     for name in ("ENGRAM_API_KEY", "ENGRAM_GATEWAY_URL", "ENGRAM_MIRROR_ROOT"):
         monkeypatch.delenv(name, raising=False)
     return data
@@ -124,8 +134,27 @@ async def list_all(retrieval: RealRetrieval, tenant: str, **flt: Any) -> list[pb
 # --- import through gRPC, export, search ----------------------------------------------------
 
 
+async def test_a_grpc_import_without_nats_refuses_before_writing(
+    tmp_path: Path,
+    env: Path,
+    retrieval: RealRetrieval,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ENGRAM_NATS_URL", f"nats://127.0.0.1:{free_port()}")
+    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    code = await cli("import", str(source), "--via", "grpc", "--retrieval", retrieval.address)
+    assert code == 2
+    assert "the Markdown mirror keeps it; NATS at" in capsys.readouterr().err
+    assert await list_all(retrieval, "default") == []  # nothing half-written
+
+
 async def test_import_grpc_then_export_and_search(
-    tmp_path: Path, env: Path, retrieval: RealRetrieval, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    env: Path,
+    nats_url: str,
+    retrieval: RealRetrieval,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
     grpc_args = ("--via", "grpc", "--retrieval", retrieval.address, "--tenant", "acme")
@@ -150,6 +179,10 @@ async def test_import_grpc_then_export_and_search(
     assert from_timestamp(dog.created_at).isoformat() == "2025-03-01T10:00:00+00:00"
     assert by_text["I live in Lisbon."].turn_index == 3  # content parts joined
     assert not await list_all(retrieval, "default")  # only the tenant named
+    # every memory written is announced, so the mirror (and summarize, evict) keep it
+    announced = await published(nats_url, MemoryChanged)
+    assert sorted(e.memory.id for e in announced) == sorted(m.id for m in turns)
+    assert {(e.op, e.cause, e.tenant) for e in announced} == {("created", "import", "acme")}
 
     # Re-run: everything recorded as done; nothing is sent again.
     assert await cli("import", str(source), *grpc_args) == 0
@@ -487,7 +520,10 @@ async def test_import_search_and_status_through_the_gateway(
         assert status["memories"]["by_kind"]["fact"] == 1
         assert await cli(*status_args) == 1
         out = capsys.readouterr().out
-        assert "gateway    ready" in out and "ingest            4" in out
+        rows = [line.split() for line in out.splitlines()]
+        assert ["gateway", "ready", f"{gateway}/readyz"] in rows  # the services table
+        assert ["ingest", "4", "0", "0"] in rows  # the consumers table: 4 pending
+        assert ["reconcile", "-", "-", "-", "no", "consumer", "yet"] in rows
         assert "memories of tenant 'default': 1 current (fact 1), 0 superseded" in out
 
 
@@ -541,6 +577,67 @@ async def test_export_mirror_copies_the_tenant_directory(
         == 2
     )
     assert "no mirror for tenant 'nobody'" in capsys.readouterr().err
+
+
+def user_tree(root: Path, *, migrated: bool) -> None:
+    """acme: alice's and bob's conversation "default" (a fact and a tombstone each, and
+    alice's summary) plus a tenant-wide fact; in the user layout, or as a mirror from
+    before it left them (everything under <tenant>/<conversation>/)."""
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    memories = [
+        (
+            MemoryRecord(
+                id=str(uuid.uuid4()),
+                kind=kind,
+                text=f"{user or 'all'}: {kind}",
+                user_id=user,
+                conversation_id=conversation,
+                created_at=at,
+            ),
+            deleted,
+        )
+        for user, conversation, kind, deleted in (
+            ("alice", "default", "fact", False),
+            ("alice", "default", "fact", True),
+            ("alice", "default", "summary", False),
+            ("bob", "default", "fact", False),
+            ("bob", "default", "fact", True),
+            ("", "global", "fact", False),
+        )
+    ]
+    for record, deleted in memories:
+        tomb = Tombstone(reason="deleted", at=at, cause="api") if deleted else None
+        rel = str((tombstone_path if deleted else live_path)("acme", record))
+        if not migrated:
+            rel = "/".join(part for part in rel.split("/") if not part.startswith("@"))
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(render(record, "acme", tomb), encoding="utf-8")
+
+
+@pytest.mark.parametrize("migrated", [True, False], ids=["user-layout", "not-migrated"])
+async def test_export_mirror_of_one_user_copies_only_their_files(
+    tmp_path: Path, env: Path, capsys: pytest.CaptureFixture[str], migrated: bool
+) -> None:
+    root = tmp_path / "mirror"
+    user_tree(root, migrated=migrated)
+    target = tmp_path / "alice"
+    args = ("export", "--tenant", "acme", "--mirror", str(target), "--mirror-root", str(root))
+    assert await cli(*args, "--user", "alice") == 0
+    assert "copied 3 memory files of user 'alice' of tenant 'acme'" in capsys.readouterr().out
+    copied = sorted(p for p in target.rglob("*.md"))
+    texts = sorted(p.read_text().rsplit("\n", 2)[-2] for p in copied)
+    assert texts == ["alice: fact", "alice: fact", "alice: summary"]
+    prefix = "@alice/default" if migrated else "default"
+    assert all(str(p.relative_to(target)).startswith(prefix) for p in copied)
+    # The whole tenant, without --user: both users and the tenant-wide fact.
+    assert await cli(*args[:4], str(tmp_path / "all"), *args[5:]) == 0
+    assert "copied 6 memory files of tenant 'acme'" in capsys.readouterr().out
+    # A user with no files is an error, not an empty copy.
+    assert await cli(*args[:4], str(tmp_path / "nobody"), *args[5:], "--user", "carol") == 2
+    assert "no memory files of user 'carol'" in capsys.readouterr().err
+    # --kind and --conversation filter JSON lines only: said, not ignored.
+    assert await cli(*args[:4], str(tmp_path / "k"), *args[5:], "--kind", "fact") == 2
+    assert "--mirror copies files" in capsys.readouterr().err
 
 
 # --- reembed --------------------------------------------------------------------------------
@@ -625,7 +722,11 @@ async def test_reembed_after_a_model_change(
         assert {m.embedding_model for m in listed.memories} == {"model-b"}
         found = await client.search(
             pb.SearchRequest(
-                tenant="default", query="peanut allergy", conversation_id="cooking", top_k=1
+                tenant="default",
+                query="peanut allergy",
+                user_id="alice",
+                conversation_id="cooking",
+                top_k=1,
             )
         )
         assert found.hits[0].memory.text == "I am allergic to peanuts."
@@ -656,3 +757,30 @@ async def test_reembed_all_tenants_reads_them_from_the_mirror(
     assert "tenant 'acme': 0 memories" in out and "tenant 'globex': 0 memories" in out
     assert await cli("reembed", "--all-tenants", "--mirror-root", str(tmp_path / "x")) == 2
     assert "reads the tenants from the mirror" in capsys.readouterr().err
+
+
+async def test_reembed_all_tenants_on_the_user_layout(
+    tmp_path: Path, env: Path, retrieval: RealRetrieval, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "mirror"
+    user_tree(root, migrated=True)
+    # A tenant id too long for a directory name: the directory is shortened, and the
+    # tenant is read from the front matter of a file in it.
+    long_tenant = "t" * 200
+    record = MemoryRecord(id=str(uuid.uuid4()), kind="fact", text="x", user_id="alice")
+    rel = root / str(live_path(long_tenant, record))
+    rel.parent.mkdir(parents=True)
+    rel.write_text(render(record, long_tenant), encoding="utf-8")
+    args = (
+        "reembed",
+        "--all-tenants",
+        "--mirror-root",
+        str(root),
+        "--retrieval",
+        retrieval.address,
+    )
+    assert await cli(*args) == 0
+    out = capsys.readouterr().out
+    assert "tenant 'acme': 0 memories" in out
+    assert f"tenant '{long_tenant}': 0 memories" in out
+    assert "'@alice'" not in out and "'default'" not in out  # users are not tenants

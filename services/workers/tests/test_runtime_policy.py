@@ -8,17 +8,11 @@ from grpc.aio import AioRpcError, Metadata
 from pydantic import ValidationError
 
 from engram_core.events import TurnPersisted
+from engram_core.memory_port import classify
+from engram_core.retry import TRANSIENT_GRPC_CODES, is_transient
 from engram_core.settings import ConfigError, load_settings
 from engram_workers.ingest import IngestSettings, turn_memory, turn_memory_id
-from engram_workers.runtime import (
-    DependencyUnavailable,
-    PermanentError,
-    RetryableError,
-    WorkerSettings,
-    describe_validation_error,
-    retry_delay,
-    rpc_failure,
-)
+from engram_workers.runtime import WorkerSettings, describe_validation_error, retry_delay
 
 
 def test_worker_defaults() -> None:
@@ -58,20 +52,26 @@ def rpc_error(code: grpc.StatusCode) -> AioRpcError:
 
 
 @pytest.mark.parametrize(
-    ("code", "kind"),
+    ("code", "retryable", "http_status"),
     [
-        (grpc.StatusCode.UNAVAILABLE, DependencyUnavailable),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, DependencyUnavailable),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, DependencyUnavailable),
-        (grpc.StatusCode.INTERNAL, RetryableError),
-        (grpc.StatusCode.INVALID_ARGUMENT, PermanentError),
-        (grpc.StatusCode.PERMISSION_DENIED, PermanentError),
-        (grpc.StatusCode.UNIMPLEMENTED, PermanentError),
+        (grpc.StatusCode.UNAVAILABLE, True, 503),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, True, 503),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, True, 503),
+        (grpc.StatusCode.INTERNAL, True, 503),
+        (grpc.StatusCode.INVALID_ARGUMENT, False, 400),
+        (grpc.StatusCode.NOT_FOUND, False, 404),
+        (grpc.StatusCode.ALREADY_EXISTS, False, 409),
+        (grpc.StatusCode.PERMISSION_DENIED, False, 503),
+        (grpc.StatusCode.UNIMPLEMENTED, False, 503),
     ],
 )
-def test_rpc_failures_are_classified(code: grpc.StatusCode, kind: type[Exception]) -> None:
-    failure = rpc_failure("retrieval Upsert", rpc_error(code))
-    assert type(failure) is kind
+def test_rpc_failures_are_classified_once(
+    code: grpc.StatusCode, retryable: bool, http_status: int
+) -> None:
+    failure = classify("Upsert", rpc_error(code))
+    assert (failure.retryable, failure.http_status) == (retryable, http_status)
+    # only "try again" codes are retried by time; the other retryable ones by count
+    assert is_transient(failure) is (code in TRANSIENT_GRPC_CODES)
     assert str(failure) == f"retrieval Upsert failed: {code.name}: boom"
 
 

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from engram_cli.cli_common import CommandError, cli_settings
+from engram_cli.cli_common import CommandError, add_nats_flag, cli_settings
 from engram_core.bus import admin_connection
 from engram_core.dead_letters import (
     DeadLetterFilter,
@@ -91,7 +91,7 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--id", type=int, action="append", dest="ids", metavar="ID", help="a letter id (repeat)"
     )
-    parser.add_argument("--nats", metavar="URL", help="default: $ENGRAM_NATS_URL")
+    add_nats_flag(parser)
 
 
 def letter_filter(args: argparse.Namespace) -> DeadLetterFilter:
@@ -216,8 +216,8 @@ def dlq_command(
 ) -> int:
     out = out if out is not None else sys.stdout
     console = Console(file=err if err is not None else sys.stderr)
-    settings = cli_settings(args)
-    nats_url = args.nats or settings.nats_url
+    settings = cli_settings(args)  # --nats overrides ENGRAM_NATS_URL
+    nats_url = settings.nats_url
     try:
         parse_nats_urls(nats_url)
         if args.dlq_action == "drop" and not (args.all or _has_selector(args)):

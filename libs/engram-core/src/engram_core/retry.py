@@ -78,6 +78,9 @@ def _is_transient_one(exc: BaseException) -> bool:
         return True
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.code() in TRANSIENT_GRPC_CODES
+    if isinstance(code := getattr(exc, "code", None), grpc.StatusCode):
+        # an error classified from a gRPC status (engram_core.memory_port.RetrievalError)
+        return code in TRANSIENT_GRPC_CODES
     if isinstance(exc, nats.js.errors.APIError):
         # 503: "JetStream system temporarily unavailable" (no quorum, no leader yet).
         return exc.code == 503

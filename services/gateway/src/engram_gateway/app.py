@@ -19,6 +19,7 @@ from opentelemetry.trace import TracerProvider, get_tracer
 
 from engram_core.bus import make_broker
 from engram_core.logging import get_logger
+from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
 from engram_gateway import admin, chat, health, memory_api, passthrough
@@ -26,8 +27,9 @@ from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.bus_link import BusLink
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.guard import RequestGuardMiddleware
+from engram_gateway.request_ids import RequestIdMiddleware
 from engram_gateway.settings import GatewaySettings
-from engram_gateway.state import GatewayState, RequestIdMiddleware
+from engram_gateway.state import GatewayState
 from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
@@ -86,7 +88,7 @@ def create_app(
 
             app.state.gateway = GatewayState(
                 settings=settings,
-                retrieval=retrieval,
+                memories=MemoryPort(retrieval),
                 broker=broker,
                 publisher=publisher,
                 upstream=Upstream(settings, http, llm),

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engram_core.logging import get_logger
+from engram_core.memory_port import RetrievalError
 
 log = get_logger(__name__)
 
@@ -125,6 +126,26 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _retrieval_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RetrievalError)
+    status = exc.http_status
+    if status == 503:
+        log.warning("retrieval call failed", call=exc.call, code=exc.code.name)
+        return error_response(
+            503,
+            f"The memory store is unavailable ({exc.call}: {exc.code.name}); retry later.",
+            type=SERVICE_UNAVAILABLE,
+            code="retrieval_unavailable",
+        )
+    codes = {400: "invalid_request", 404: "not_found", 409: "conflict"}
+    return error_response(
+        status,
+        exc.details or f"{exc.call}: {exc.code.name}",
+        type=INVALID_REQUEST,
+        code=codes.get(status, "invalid_request"),
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Errors with a status of their own. An unexpected exception is answered by
     :class:`engram_gateway.guard.RequestGuardMiddleware` (a 500 that keeps the
@@ -132,3 +153,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RetrievalError, _retrieval_error)

@@ -62,6 +62,14 @@ class GatewaySettings(EngramSettings):
         "say (memory_cross_session=false keeps recall to the conversation).",
     )
 
+    gateway_user_header: str = Field(
+        default="X-OpenWebUI-User-Id",
+        max_length=200,
+        description="The request header naming the user when a chat's body has no `user` "
+        "(Open WebUI forwards its user id in this one with ENABLE_FORWARD_USER_INFO_HEADERS); "
+        "empty: only the body's `user`.",
+    )
+
     # API keys → tenants (see engram_gateway.keys for the format). Neither set: one
     # tenant, "default", and no authentication (local use).
     api_keys: Annotated[KeyTable | None, NoDecode] = Field(

@@ -18,6 +18,7 @@ from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVER_KEEPALIVE_OPTIONS, SERVICE_NAME
 from engram_core.telemetry import instrument_grpc_server
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.pipeline import SearchPipeline
 from engram_retrieval.ranking import RankingParams
 from engram_retrieval.relevance import (
     CalibratedSimilarityScorer,
@@ -70,6 +71,8 @@ def ranking_defaults(settings: RetrievalSettings) -> RankingParams:
         half_life_days=settings.recency_half_life_days,
         small_store_size=settings.small_store_size,
         candidate_multiplier=settings.candidate_multiplier,
+        corrected_weight=settings.search_corrected_weight,
+        fact_margin=settings.search_fact_margin,
     )
 
 
@@ -115,16 +118,18 @@ async def build_server(
         health_servicer = health.aio.HealthServicer()
         for name in (SERVICE_NAME, health.OVERALL_HEALTH):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        servicer = MemoryServicer(
+        pipeline = SearchPipeline(
             store,
             embedder,
             scorer,
             ranking_defaults(settings),
             candidates=settings.search_candidates,
             first_person_expansion=settings.search_first_person_expansion,
+            overview_limit=settings.search_overview_limit,
             tracer=tracer,
             clock=clock,
         )
+        servicer = MemoryServicer(store, embedder, pipeline)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -168,7 +173,7 @@ async def serve(settings: RetrievalSettings) -> None:
             "retrieval listening",
             address=running.address,
             store=settings.store_kind,
-            scorer=running.servicer.scorer.name,
+            scorer=running.servicer.pipeline.scorer.name,
             embedding_model=running.servicer.embedder.model_id,
         )
         stop = asyncio.Event()

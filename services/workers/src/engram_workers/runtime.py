@@ -34,7 +34,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import grpc
 import structlog
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
@@ -59,6 +58,7 @@ from engram_core.bus import (
 )
 from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
 from engram_core.logging import get_logger
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.observability import setup_observability
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.retry import RetryPolicy, TransientError, backoff_delay, is_transient
@@ -76,7 +76,6 @@ __all__ = [
     "WorkerSpec",
     "describe_validation_error",
     "retry_delay",
-    "rpc_failure",
     "run_worker",
 ]
 
@@ -188,33 +187,6 @@ class PermanentError(Exception):
     """Retrying cannot help: the message goes to the dead-letter subject at once."""
 
 
-#: gRPC codes for which the same request could succeed later. UNAVAILABLE,
-#: DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED say "try again" (retried by time); the
-#: others are retried by count. Anything else is a property of the request (or of the
-#: deployment) and retrying would only delay the dead letter.
-RETRYABLE_GRPC_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
-)
-
-
-def rpc_failure(call: str, exc: grpc.aio.AioRpcError) -> RetryableError | PermanentError:
-    """Classify a failed gRPC call; raise the result ``from exc``."""
-    message = f"{call} failed: {exc.code().name}: {exc.details() or ''}".rstrip(": ")
-    if is_transient(exc):
-        return DependencyUnavailable(message)
-    if exc.code() in RETRYABLE_GRPC_CODES:
-        return RetryableError(message)
-    return PermanentError(message)
-
-
 def retry_delay(backoff: Sequence[float], attempt: int) -> float:
     """Delay before redelivering after failed delivery number ``attempt`` (1-based)."""
     return backoff_delay(backoff, attempt)
@@ -257,6 +229,12 @@ class Delivery:
     @property
     def retrieval(self) -> RetrievalClient:
         return self.worker.retrieval
+
+    @property
+    def memories(self) -> MemoryPort:
+        """The retrieval port: memories in domain types; failures raise RetrievalError,
+        which the runtime retries or dead-letters by its ``retryable`` flag."""
+        return self.worker.memories
 
     @property
     def resources(self) -> Any:
@@ -306,6 +284,7 @@ class Worker(Generic[E]):
             graceful_timeout=settings.shutdown_grace_s,
         )
         self._retrieval: RetrievalClient | None = None
+        self._memories: MemoryPort | None = None
         self._resources_stack = AsyncExitStack()
         self.resources: Any = None
         self._consuming = False
@@ -338,6 +317,12 @@ class Worker(Generic[E]):
         if self._retrieval is None:
             raise RuntimeError(f"worker {self.spec.name!r} has no retrieval client")
         return self._retrieval
+
+    @property
+    def memories(self) -> MemoryPort:
+        if self._memories is None:
+            raise RuntimeError(f"worker {self.spec.name!r} has no retrieval client")
+        return self._memories
 
     async def publish(self, event: Event) -> PubAck:
         """Publish a follow-up event (retried for ``publish_retry_s`` with the same
@@ -438,6 +423,7 @@ class Worker(Generic[E]):
         )
         if self.spec.uses_retrieval:
             self._retrieval = RetrievalClient(self.settings.retrieval_address)
+            self._memories = MemoryPort(self._retrieval)
         if self.spec.resources is not None:
             self.resources = await self._resources_stack.enter_async_context(
                 self.spec.resources(self)
@@ -476,6 +462,7 @@ class Worker(Generic[E]):
         if self._retrieval is not None:
             await self._retrieval.close()
             self._retrieval = None
+            self._memories = None
         if self.health is not None:
             await self.health.stop()
 
@@ -550,6 +537,13 @@ class Worker(Generic[E]):
         except PermanentError as exc:
             await self._dead_letter(message, attempt, str(exc))
             return
+        except RetrievalError as exc:
+            if not exc.retryable:  # a request retrieval refuses will be refused again
+                await self._dead_letter(message, attempt, str(exc))
+                return
+            # UNAVAILABLE & co. say "try again" (by time); the other retryable codes count.
+            await self._retry_or_dead_letter(message, attempt, age_s, exc)
+            return
         except Exception as exc:
             await self._retry_or_dead_letter(message, attempt, age_s, exc)
             return
@@ -560,7 +554,8 @@ class Worker(Generic[E]):
     async def _retry_or_dead_letter(
         self, message: NatsMessage, attempt: int, age_s: float, exc: Exception
     ) -> None:
-        reason = str(exc) if isinstance(exc, RetryableError) else f"{type(exc).__name__}: {exc}"
+        expected = isinstance(exc, RetryableError | RetrievalError)
+        reason = str(exc) if expected else f"{type(exc).__name__}: {exc}"
         policy = self.retry_policy
         transient = is_transient(exc)
         if transient and policy.gives_up(age_s, attempt):
@@ -584,7 +579,7 @@ class Worker(Generic[E]):
             delay_s=delay,
             transient=transient,
             # A bug, not a flaky dependency: keep the traceback.
-            exc_info=not (transient or isinstance(exc, RetryableError)),
+            exc_info=not (transient or expected),
         )
         await message.nack(delay=delay)
 
