@@ -200,10 +200,10 @@ async def chat_completions(request: Request) -> Response:
     )
 
     record = controls.enabled and bool(query)
-    if record and not state.publisher.may_reconnect():
+    if record and not await state.publisher.wait_connected():
         # Known before forwarding: do not spend the upstream's work on a reply that
         # would be withheld. A client that is reconnecting (a NATS node lost) is given
-        # its publish retries instead.
+        # the publish retries' time to get there first.
         log.error("user turn cannot be recorded (NATS not connected), request refused")
         raise _not_recorded("the request was not sent to the model")
 

@@ -144,6 +144,18 @@ class TurnPublisher:
         except Exception:
             return False
 
+    async def wait_connected(self) -> bool:
+        """Connected now, or within the publish retries while the client reconnects (a
+        NATS node lost: another one takes over in a second or two); False otherwise."""
+        if self.is_connected():
+            return True
+        deadline = asyncio.get_running_loop().time() + self.retry_s
+        while self.may_reconnect() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            if self.is_connected():
+                return True
+        return False
+
     async def publish(self, event: TurnPersisted) -> None:
         """Wait for the JetStream ack (retried for ``retry_s``); raise
         :class:`TurnNotPersisted` otherwise."""

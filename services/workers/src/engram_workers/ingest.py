@@ -133,11 +133,13 @@ def turn_memory(event: TurnPersisted) -> MemoryRecord:
     )
 
 
-def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, attempt: int) -> bool:
+def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: Delivery) -> bool:
     """A turn already stored as it is now, seen again in a new message: nothing to do.
     A redelivery of the same message is not a repeat (the first delivery may have
-    stopped half-way), nor is a re-extraction."""
-    return stored is not None and stored.text == event.text and attempt == 1 and not event.reextract
+    stopped half-way), nor is a re-extraction, nor a replay of its dead letter (the
+    worker gave up half-way: ``engram dlq replay``)."""
+    again = delivery.attempt > 1 or delivery.replayed or event.reextract
+    return stored is not None and stored.text == event.text and not again
 
 
 async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
@@ -149,7 +151,7 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
         return
     memory = turn_memory(event)
     stored = await delivery.memories.get_one(event.tenant, memory.id)
-    if is_repeat(event, stored, delivery.attempt):
+    if is_repeat(event, stored, delivery):
         log.info("turn.repeated", memory_id=memory.id, turn_id=event.turn_id, role=event.role)
         await record_status(event, resources)
         return

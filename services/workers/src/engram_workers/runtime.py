@@ -56,6 +56,7 @@ from engram_core.bus import (
     publish_with_retries,
     until_reachable,
 )
+from engram_core.dead_letters import REPLAY_HEADER
 from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
 from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort, RetrievalError
@@ -218,6 +219,12 @@ class Delivery:
     headers: Mapping[str, str]
     #: Seconds since the message was stored in the stream (the retry horizon's clock).
     age_s: float = 0.0
+
+    @property
+    def replayed(self) -> bool:
+        """The message is a replay of a dead letter (``engram dlq replay``): the work
+        the worker gave up on is to be done again, not recognised as done."""
+        return REPLAY_HEADER in self.headers
 
     @property
     def last_chance(self) -> bool:
