@@ -392,9 +392,7 @@ async def test_list_scopes_users_then_conversations(client: RetrievalClient) -> 
             ],
         )
     )
-    await client.upsert(
-        pb.UpsertRequest(tenant="other", memories=[fact("Eve sails.", user="eve")])
-    )
+    await client.upsert(pb.UpsertRequest(tenant="other", memories=[fact("Eve sails.", user="eve")]))
     users = await client.list_scopes(pb.ListScopesRequest(tenant="acme"))
     # most memories first; "" holds the tenant-wide ones
     assert sorted((s.user_id, s.conversation_id, s.memories) for s in users.scopes) == [
