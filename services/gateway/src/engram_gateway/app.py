@@ -21,7 +21,7 @@ from engram_core.event_status import EventStatusStore
 from engram_core.logging import get_logger
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
-from engram_gateway import chat, health, memory_api, passthrough
+from engram_gateway import browse_api, chat, health, memory_api, passthrough
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.settings import GatewaySettings
@@ -123,6 +123,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(chat.router)
     app.include_router(memory_api.router)
+    app.include_router(browse_api.router)
     app.include_router(passthrough.router)  # last: it catches every other /v1 path
     FastAPIInstrumentor.instrument_app(
         app,

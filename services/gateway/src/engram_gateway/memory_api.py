@@ -245,6 +245,7 @@ async def list_memories(request: Request, query: Annotated[ListQuery, Query()]) 
         tags=query.tag,
         include_superseded=query.include_superseded,
     )
+    _bound_created(flt, query)
     reply = await _rpc(
         "List",
         state.retrieval.list(
@@ -257,6 +258,19 @@ async def list_memories(request: Request, query: Annotated[ListQuery, Query()]) 
     return _json(
         MemoryList(data=[_out(m) for m in reply.memories], has_more=bool(token), next_cursor=token)
     )
+
+
+def _bound_created(flt: pb.MemoryFilter, query: ListQuery) -> None:
+    """The list's created_at window (``created_after`` inclusive, ``created_before`` not)."""
+    after, before = query.created_after, query.created_before
+    if after is not None and before is not None and after >= before:
+        raise bad_request(
+            "created_after must be earlier than created_before", param="created_after"
+        )
+    if query.created_after is not None:
+        flt.created_after.CopyFrom(to_timestamp(query.created_after))
+    if query.created_before is not None:
+        flt.created_before.CopyFrom(to_timestamp(query.created_before))
 
 
 @router.get("/memories/{memory_id}", response_model=MemoryOut, summary="Get one memory")

@@ -79,6 +79,12 @@ class ListQuery(_Request):
     include_superseded: bool = False
     limit: int = Field(default=50, ge=1, le=500)
     cursor: str | None = Field(default=None, max_length=2000)
+    created_after: AwareDatetime | None = Field(
+        default=None, description="Only memories created at or after this instant."
+    )
+    created_before: AwareDatetime | None = Field(
+        default=None, description="Only memories created before this instant."
+    )
 
 
 # --- responses -------------------------------------------------------------------------
