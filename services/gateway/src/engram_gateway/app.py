@@ -24,6 +24,7 @@ from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
 from engram_gateway import browse_api, chat, health, memory_api, passthrough
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
+from engram_gateway.mcp_http import mount_mcp
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState, RequestIdMiddleware
 from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
@@ -88,6 +89,8 @@ def create_app(
                 statuses=statuses,
                 tracer=get_tracer("engram.gateway", tracer_provider=tracer_provider),
             )
+            if mcp is not None:
+                await stack.enter_async_context(mcp)
             if keys is None:
                 log.warning(
                     "no API keys configured: single tenant, no authentication (local use only)",
@@ -100,6 +103,8 @@ def create_app(
                 upstream=settings.llm_base_url,
                 retrieval=settings.retrieval_address,
                 nats=settings.nats_url,
+                mcp=settings.gateway_mcp,
+                ui=settings.gateway_ui,
             )
             yield
             log.info("gateway stopping")
@@ -125,6 +130,7 @@ def create_app(
     app.include_router(memory_api.router)
     app.include_router(browse_api.router)
     app.include_router(passthrough.router)  # last: it catches every other /v1 path
+    mcp = mount_mcp(app, settings.gateway_host, tracer_provider) if settings.gateway_mcp else None
     FastAPIInstrumentor.instrument_app(
         app,
         tracer_provider=tracer_provider,

@@ -50,6 +50,13 @@ class GatewaySettings(EngramSettings):
         "say (memory_cross_session=false keeps recall to the conversation).",
     )
 
+    gateway_ui: bool = Field(
+        default=True, description="Serve the memory browser at /ui (GET / redirects there)."
+    )
+    gateway_mcp: bool = Field(
+        default=True, description="Serve the MCP server (streamable HTTP) at /mcp."
+    )
+
     # API keys → tenants (see engram_gateway.keys for the format). Neither set: one
     # tenant, "default", and no authentication (local use).
     api_keys: Annotated[KeyTable | None, NoDecode] = Field(
