@@ -76,6 +76,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return status_command(args)
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from engram_cli.mcp_cmd import mcp_command
+
+    return mcp_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="engram", description="Engram: persistent memory for OpenAI-compatible LLMs."
@@ -104,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from engram_cli.exporter import add_export_parser
     from engram_cli.importer import add_import_parser
+    from engram_cli.mcp_cmd import add_mcp_parser
     from engram_cli.reembed import add_reembed_parser
     from engram_cli.search_cmd import add_search_parser
     from engram_cli.status import add_status_parser
@@ -113,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(commands, _cmd_search)
     add_reembed_parser(commands, _cmd_reembed)
     add_status_parser(commands, _cmd_status)
+    add_mcp_parser(commands, _cmd_mcp)
     return parser
 
 

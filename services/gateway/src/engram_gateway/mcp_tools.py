@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Annotated, Any, Literal
 
 import httpx2
@@ -139,7 +140,12 @@ def _tool_error(exc: GatewayCallError) -> ToolError:
 
 def build_mcp_server(api: GatewayApi) -> MCPServer:
     """The MCP server: eight memory tools and the profile/summary resources."""
-    server: MCPServer = MCPServer(SERVER_NAME, title="Engram memory", instructions=INSTRUCTIONS)
+    server: MCPServer = MCPServer(
+        SERVER_NAME,
+        title="Engram memory",
+        instructions=INSTRUCTIONS,
+        version=version("engram-gateway"),
+    )
     _add_reading_tools(server, api)
     _add_writing_tools(server, api)
     _add_resources(server, api)
