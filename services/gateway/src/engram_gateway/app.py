@@ -21,7 +21,7 @@ from engram_core.event_status import EventStatusStore
 from engram_core.logging import get_logger
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
-from engram_gateway import browse_api, chat, health, memory_api, passthrough
+from engram_gateway import browse_api, chat, health, memory_api, passthrough, ui
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.mcp_http import mount_mcp
@@ -129,12 +129,14 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(memory_api.router)
     app.include_router(browse_api.router)
+    if settings.gateway_ui:
+        app.include_router(ui.router)
     app.include_router(passthrough.router)  # last: it catches every other /v1 path
     mcp = mount_mcp(app, settings.gateway_host, tracer_provider) if settings.gateway_mcp else None
     FastAPIInstrumentor.instrument_app(
         app,
         tracer_provider=tracer_provider,
-        excluded_urls="/healthz,/readyz,/metrics",
+        excluded_urls="/healthz,/readyz,/metrics,/ui/",
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )
