@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from engram_cli.main import main
-from engram_core.events import MemoryChanged, MemoryRecord, ProposedProfileFact
+from engram_core.events import MemoryChanged
+from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.proto import pb
 from engram_testing.worker_stack import running_retrieval
 from engram_workers.mirror import Mirror

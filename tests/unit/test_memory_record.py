@@ -2,7 +2,8 @@
 
 from datetime import UTC, datetime
 
-from engram_core.events import MemoryChanged, MemoryRecord, ProposedProfileFact
+from engram_core.events import MemoryChanged
+from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.memory_record import record_from_pb, record_to_pb
 
 

@@ -85,6 +85,12 @@ async def test_list_within_a_created_at_window(http: httpx2.AsyncClient) -> None
         "/v1/memories", params={**window, "cursor": paged["next_cursor"]}, headers=A
     )
     assert [m["text"] for m in rest.json()["data"]] == ["Note of day 2."]
+    # the cursor carries the window: page 2 without it is the same page
+    bare = await http.get("/v1/memories", params={"cursor": paged["next_cursor"]}, headers=A)
+    assert [m["text"] for m in bare.json()["data"]] == ["Note of day 2."]
+    moved = {**window, "created_after": "2025-05-01T00:00:00Z", "cursor": paged["next_cursor"]}
+    mismatch = _assert_error(await http.get("/v1/memories", params=moved, headers=A), 400)
+    assert "created_after" in mismatch["message"]
     since = {"conversation": "diary", "created_after": "2025-05-04T00:00:00Z"}
     latest = (await http.get("/v1/memories", params=since, headers=A)).json()
     assert [m["text"] for m in latest["data"]] == ["Note of day 4."]

@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 from engram_cli.nats_server import free_port
 from engram_core.events import TurnPersisted
 from engram_core.proto import pb, to_timestamp
-from engram_gateway.turns import turn_id
+from engram_gateway.turns import event_id_for_turn
 
 CHAT = "/v1/chat/completions"
 
@@ -158,6 +158,7 @@ async def test_memory_is_injected_right_before_the_latest_user_message(
             ),
         ],
         summary=pb.Memory(
+            id="33333333-3333-3333-3333-333333333333",
             kind=pb.MEMORY_KIND_SUMMARY,
             text="Talking about pets.",
             updated_at=to_timestamp(datetime(2025, 3, 5, tzinfo=UTC)),
@@ -295,7 +296,7 @@ def check_turn(event: Any, role: str, text: str, **fields: Any) -> TurnPersisted
     assert event.headers["Nats-Msg-Id"] == turn.event_id
     assert "traceparent" in event.headers
     assert (turn.role, turn.text) == (role, text)
-    assert turn.turn_id == turn_id(turn.tenant, turn.request_id, turn.role)
+    assert turn.event_id == event_id_for_turn(turn.turn_id, turn.text)
     for name, value in fields.items():
         assert getattr(turn, name) == value, name
     return turn
@@ -390,8 +391,9 @@ async def test_stream_chunks_are_relayed_as_they_arrive(
         assert response.headers["content-type"].startswith("text/event-stream")
         chunks = response.aiter_bytes()
         first = await asyncio.wait_for(anext(chunks), timeout=5)
-        # The upstream is still holding back the rest of the reply.
-        assert b'"role": "assistant"' in first
+        # The upstream is still holding back the rest of the reply. The first event
+        # carries what memory recalled.
+        assert b'"role":"assistant"' in first and b'"memory_hits":[]' in first
         assert not gated_upstream.gate.is_set()
         assert await jetstream.count() == 1  # the user turn; the reply is not complete
         gated_upstream.gate.set()
@@ -409,14 +411,14 @@ async def test_stream_that_stalls_ends_with_an_error_event_and_no_assistant_turn
     response = await gateway.client().post(CHAT, json=chat_body(stream=True))
     assert response.status_code == 200
     events = [line for line in response.text.split("\n\n") if line.startswith("data:")]
-    assert '"role": "assistant"' in events[0]
+    assert '"role":"assistant"' in events[0]
     assert json.loads(events[-1][5:])["error"]["code"] == "upstream_timeout"
     await asyncio.sleep(0.3)
     assert await jetstream.count() == 1  # only the user turn
 
 
-async def test_user_turn_is_persisted_before_the_request_is_forwarded(
-    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any
+async def test_user_turn_is_recorded_once_the_upstream_accepted_and_before_the_reply(
+    start_gateway: Any, gated_upstream: Any, scripted_upstream: Any, jetstream: Any
 ) -> None:
     loop = asyncio.get_running_loop()
     seen: list[int] = []
@@ -426,22 +428,42 @@ async def test_user_turn_is_persisted_before_the_request_is_forwarded(
         return "ok"
 
     scripted_upstream.replies = [reply]
-    response = await client.post(CHAT, json=chat_body())
+    gateway = await start_gateway()
+    response = await gateway.client().post(CHAT, json=chat_body())
     assert response.status_code == 200
-    assert seen == [1]
+    assert seen == [0]  # nothing is recorded for a request the upstream has not answered
+    # streamed: the user turn is acknowledged before the first byte reaches the client
+    streaming = await start_gateway(llm_base_url=gated_upstream.base_url)
+    other = chat_body(stream=True, messages=[{"role": "user", "content": "And now?"}])
+    async with streaming.client().stream("POST", CHAT, json=other) as reply_:
+        await asyncio.wait_for(anext(reply_.aiter_bytes()), timeout=5)
+        assert await jetstream.count() == 3  # the first chat's two turns, and this user turn
+        gated_upstream.gate.set()
 
 
-async def test_same_request_id_is_deduplicated_by_jetstream(
+async def test_a_retried_request_records_its_turns_once(
     client: httpx2.AsyncClient, jetstream: Any
 ) -> None:
-    for _ in range(2):
-        response = await client.post(CHAT, json=chat_body(), headers={"X-Request-Id": "req-42"})
+    # the same X-Request-Id, and a retry under a new one (what the openai SDK does)
+    for request_id in ("req-42", "req-42", "req-43"):
+        response = await client.post(CHAT, json=chat_body(), headers={"X-Request-Id": request_id})
         assert response.status_code == 200
-        assert response.headers["x-request-id"] == "req-42"
+        assert response.headers["x-request-id"] == request_id
     user, _assistant = await jetstream.events(2)
     assert user.data["request_id"] == "req-42"
     await asyncio.sleep(0.2)
     assert await jetstream.count() == 2
+    # the same words later in the conversation are a new turn
+    later = chat_body(
+        messages=[
+            *chat_body()["messages"],
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "Hi there"},
+        ]
+    )
+    assert (await client.post(CHAT, json=later)).status_code == 200
+    events = await jetstream.events(4)
+    assert [e.data["turn_index"] for e in events] == [0, 1, 2, 3]
 
 
 async def test_authorization_is_the_callers_unless_a_key_is_configured(
@@ -539,7 +561,7 @@ async def test_upstream_500_is_502(
     error = assert_openai_error(response, 502, "upstream_error")
     assert "scripted failure" in error["message"]
     await asyncio.sleep(0.2)
-    assert await jetstream.count() == 1  # the user turn was recorded, no assistant turn
+    assert await jetstream.count() == 0  # a failed request leaves no turn behind
 
 
 @pytest.mark.parametrize("status", [400, 429])

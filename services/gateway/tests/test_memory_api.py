@@ -328,7 +328,7 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str | None]] = [
     ("GET", f"{MEM}?limit=0", None, 400, "invalid_request"),
     ("GET", f"{MEM}?kind=gossip", None, 400, "invalid_request"),
     ("GET", f"{MEM}?colour=red", None, 400, "invalid_request"),
-    ("GET", f"{MEM}?cursor=bogus", None, 400, "invalid_request"),
+    ("GET", f"{MEM}?cursor=bogus", None, 400, "invalid_cursor"),
     ("POST", f"{MEM}/search", {"query": ""}, 400, "invalid_request"),
     ("POST", f"{MEM}/search", {"query": "q", "memory_top_k": 0}, 400, "invalid_request"),
     ("POST", f"{MEM}/add", {"text": []}, 400, "invalid_request"),
@@ -445,3 +445,40 @@ async def test_openapi_lists_the_memory_api_without_422(http: httpx2.AsyncClient
             assert "422" not in operation.get("responses", {})
     assert paths[MEM]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
     assert schema["components"]["schemas"]["CreateMemory"]["additionalProperties"] is False
+
+
+async def test_a_cursor_carries_the_filters_of_the_first_page(http: httpx2.AsyncClient) -> None:
+    for n, user in enumerate(("alice", "bob", "alice", "bob", "alice")):
+        await _create(http, A, text=f"Note {n} of {user}.", user=user, conversation="notes")
+    first = (await http.get(MEM, headers=A, params={"user": "alice", "limit": 1})).json()
+    texts = [m["text"] for m in first["data"]]
+    cursor = first["next_cursor"]
+    while cursor:  # the docs' loop: only the cursor after the first page
+        page = (await http.get(MEM, headers=A, params={"cursor": cursor, "limit": 1})).json()
+        texts += [m["text"] for m in page["data"]]
+        cursor = page["next_cursor"]
+    assert sorted(texts) == ["Note 0 of alice.", "Note 2 of alice.", "Note 4 of alice."]
+    # repeating the same filters is fine; other filters with the cursor are refused
+    same = await http.get(MEM, headers=A, params={"user": "alice", "cursor": first["next_cursor"]})
+    assert same.status_code == 200
+    other = await http.get(MEM, headers=A, params={"user": "bob", "cursor": first["next_cursor"]})
+    error = _assert_error(other, 400, "cursor_filters_mismatch")
+    assert "user" in error["message"]
+
+
+async def test_create_without_a_user_is_tenant_wide_and_a_retry_creates_nothing_new(
+    http: httpx2.AsyncClient,
+) -> None:
+    shared = await _create(http, A, text="The office is closed on Fridays.")
+    assert (shared["user_id"], shared["conversation_id"]) == ("", "global")
+    mine = await _create(http, A, text="I take the train.", user="alice")
+    assert (mine["user_id"], mine["conversation_id"]) == ("alice", "default")
+
+    retry = {**A, "X-Request-Id": "create-1"}
+    first = await _create(http, retry, text="User is allergic to peanuts.", user="alice")
+    again = await _create(http, retry, text="User is allergic to peanuts.", user="alice")
+    assert again["id"] == first["id"]
+    listed = (await http.get(MEM, headers=A, params={"user": "alice"})).json()["data"]
+    assert [m["text"] for m in listed].count("User is allergic to peanuts.") == 1
+    reused = await http.post(MEM, json={"text": "Something else."}, headers=retry)
+    _assert_error(reused, 409, "request_id_reused")

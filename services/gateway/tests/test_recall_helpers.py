@@ -12,10 +12,11 @@ from typing import Any
 import httpx2
 import pytest
 
+from engram_core.memory_port import result_from_pb
 from engram_core.proto import pb
 from engram_gateway.controls import MemoryControls, split_memory_controls
 from engram_gateway.errors import GatewayError
-from engram_gateway.memory import drop_in_window, render_memory, search_request
+from engram_gateway.recall import drop_in_window, render_memory, search_query
 from engram_gateway.settings import GatewaySettings
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
@@ -45,13 +46,16 @@ def injected(upstream: Any) -> str:
 
 
 def test_hits_already_in_the_request_are_dropped(hit: Callable[..., pb.SearchHit]) -> None:
-    response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED,
-        hits=[
-            hit("I  moved to\nLISBON in May.", kind=pb.MEMORY_KIND_TURN, role="user"),
-            hit("User's cat is Miso."),
-            hit("What a lovely city!", kind=pb.MEMORY_KIND_TURN, role="assistant"),
-        ],
+    response = result_from_pb(
+        pb.SearchResponse(
+            outcome=pb.SEARCH_OUTCOME_RANKED,
+            hits=[
+                hit("I  moved to\nLISBON in May.", kind=pb.MEMORY_KIND_TURN, role="user"),
+                hit("User's cat is Miso."),
+                hit("What a lovely city!", kind=pb.MEMORY_KIND_TURN, role="assistant"),
+                hit("user's cat is  miso."),  # the same text twice: injected once
+            ],
+        )
     )
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "i moved to lisbon in may."}]},
@@ -59,7 +63,7 @@ def test_hits_already_in_the_request_are_dropped(hit: Callable[..., pb.SearchHit
         {"role": "user", "content": "What is my cat called?"},
         {"role": "assistant", "content": None, "tool_calls": []},
     ]
-    assert drop_in_window(response, messages) == 2
+    assert drop_in_window(response, messages) == 3
     assert [h.memory.text for h in response.hits] == ["User's cat is Miso."]
     assert drop_in_window(response, messages) == 0
 
@@ -111,7 +115,7 @@ def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., pb.SearchH
     complete = pb.SearchResponse(
         outcome=pb.SEARCH_OUTCOME_SMALL_STORE, hits=hits, candidates_considered=2
     )
-    text = render_memory(complete, now=NOW)
+    text = render_memory(result_from_pb(complete), now=NOW)
     assert text is not None
     assert "All 2 stored memories, newest first (there are no others):" in text
     assert "1. [2025-03-04] fact: Has a cat.\n2. [2025-03-04] fact: Lives in Berlin." in text
@@ -120,12 +124,14 @@ def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., pb.SearchH
     capped = pb.SearchResponse(
         outcome=pb.SEARCH_OUTCOME_SMALL_STORE, hits=hits, candidates_considered=4
     )
-    assert "The 2 newest of the 4 stored memories:" in (render_memory(capped, now=NOW) or "")
-    text = render_memory(complete, now=NOW, in_window=1)
+    capped_text = render_memory(result_from_pb(capped), now=NOW) or ""
+    assert "The 2 newest of the 4 stored memories:" in capped_text
+    text = render_memory(result_from_pb(complete), now=NOW, in_window=1)
     assert "All 2 other stored memories, newest first (the rest are already in" in (text or "")
 
     ranked = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_RANKED, hits=hits)
-    assert "Relevant memories (most relevant first):" in (render_memory(ranked, now=NOW) or "")
+    ranked_text = render_memory(result_from_pb(ranked), now=NOW) or ""
+    assert "Relevant memories (most relevant first):" in ranked_text
 
 
 async def test_small_store_and_nothing_relevant_in_a_chat(
@@ -159,17 +165,17 @@ def test_cross_session_control_body_header_and_default() -> None:
     settings = GatewaySettings()
     controls, forwarded = split_memory_controls({"memory_cross_session": False, "x": 1}, {})
     assert forwarded == {"x": 1}
-    request = search_request(
+    query = search_query(
         tenant="t", query="q", user_id="u", controls=controls.with_defaults(settings)
     )
-    assert list(request.scopes) == [pb.SCOPE_CONVERSATION, pb.SCOPE_GLOBAL]
+    assert query.scopes == ("conversation", "global")
 
     controls, _ = split_memory_controls({}, {"X-Engram-Memory-Cross-Session": "off"})
     assert controls.memory_cross_session is False
     default = MemoryControls().with_defaults(settings)
     assert default.memory_cross_session is True
-    request = search_request(tenant="t", query="q", user_id="u", controls=default)
-    assert list(request.scopes) == []  # retrieval's default: conversation, user, global
+    query = search_query(tenant="t", query="q", user_id="u", controls=default)
+    assert query.scopes == ()  # retrieval's default: conversation, user, global
 
     operator_off = GatewaySettings(gateway_memory_cross_session=False)
     assert MemoryControls().with_defaults(operator_off).memory_cross_session is False

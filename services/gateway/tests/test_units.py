@@ -6,20 +6,21 @@ from datetime import UTC, datetime
 
 import pytest
 
+from engram_core.memory_port import result_from_pb
 from engram_core.proto import pb, to_timestamp
 from engram_core.settings import ConfigError, load_settings
 from engram_gateway.controls import split_memory_controls
 from engram_gateway.errors import GatewayError
-from engram_gateway.memory import (
+from engram_gateway.recall import (
     hit_json,
     inject,
     latest_user_index,
     message_text,
     render_memory,
-    search_request,
+    search_query,
 )
 from engram_gateway.settings import GatewaySettings
-from engram_gateway.sse import ChatStreamReader
+from engram_gateway.sse import ChatStreamReader, with_first_event_field
 from engram_gateway.turns import TurnScope, turn_id
 
 NOW = datetime(2025, 3, 10, 12, 0, tzinfo=UTC)
@@ -136,20 +137,15 @@ def test_bad_controls_are_400_naming_the_control(
     assert param in info.value.message
 
 
-def test_search_request_sends_only_what_was_set() -> None:
+def test_search_query_sends_only_what_was_set() -> None:
     controls, _ = split_memory_controls({"memory_top_k": 4, "memory_id": "c9"}, {})
-    request = search_request(tenant="t", query="q", user_id="u", controls=controls)
-    assert (request.tenant, request.query, request.user_id, request.conversation_id) == (
-        "t",
-        "q",
-        "u",
-        "c9",
-    )
-    assert request.HasField("top_k") and request.top_k == 4
-    assert not request.HasField("recency_weight")
-    assert not request.HasField("score_threshold")
-    assert not request.HasField("mmr_lambda")
-    assert list(request.scopes) == []  # retrieval's default scopes
+    query = search_query(tenant="t", query="q", user_id="u", controls=controls)
+    assert (query.tenant, query.text, query.user_id, query.conversation_id) == ("t", "q", "u", "c9")
+    assert query.top_k == 4
+    assert query.recency_weight is None
+    assert query.score_threshold is None
+    assert query.mmr_lambda is None
+    assert query.scopes == ()  # retrieval's default scopes
 
 
 # --- reading messages, injecting memory ----------------------------------------------
@@ -209,7 +205,7 @@ def test_render_memory_has_summary_profile_and_dated_hits() -> None:
             pb.SearchHit(memory=_memory(pb.MEMORY_KIND_TURN, "I love\n hiking", role="user")),
         ],
     )
-    text = render_memory(response, now=NOW)
+    text = render_memory(result_from_pb(response), now=NOW)
     assert text is not None
     assert "Today is 2025-03-10." in text
     assert "Conversation summary (as of 2025-03-09):\nPlanning a trip to Lisbon." in text
@@ -219,9 +215,39 @@ def test_render_memory_has_summary_profile_and_dated_hits() -> None:
 
 
 def test_render_memory_nothing_relevant_and_empty() -> None:
-    text = render_memory(pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT), now=NOW)
+    nothing = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
+    text = render_memory(result_from_pb(nothing), now=NOW)
     assert text is not None and "No stored memory is relevant" in text
-    assert render_memory(pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_EMPTY), now=NOW) is None
+    empty = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_EMPTY)
+    assert render_memory(result_from_pb(empty), now=NOW) is None
+
+
+def test_render_memory_labels_a_corrected_statement_and_an_overview() -> None:
+    corrected = _memory(
+        pb.MEMORY_KIND_TURN,
+        "My wife's name is Anne.",
+        role="user",
+        metadata={"corrected_by": "f2", "corrected_at": "2025-03-05T10:00:00Z"},
+    )
+    fact = _memory(pb.MEMORY_KIND_FACT, "User's wife's name is Jane")
+    response = pb.SearchResponse(
+        outcome=pb.SEARCH_OUTCOME_RANKED,
+        hits=[pb.SearchHit(memory=fact), pb.SearchHit(memory=corrected)],
+    )
+    text = render_memory(result_from_pb(response), now=NOW) or ""
+    assert "1. [2025-03-04] fact: User's wife's name is Jane" in text
+    assert (
+        "2. [2025-03-04] user said (earlier; corrected on 2025-03-05, do not rely on it): "
+        "My wife's name is Anne." in text
+    )
+    summary = _memory(pb.MEMORY_KIND_SUMMARY, "Talked about the trip.", conversation_id="trip")
+    overview = pb.SearchResponse(
+        outcome=pb.SEARCH_OUTCOME_OVERVIEW,
+        hits=[pb.SearchHit(memory=fact), pb.SearchHit(memory=summary)],
+    )
+    text = render_memory(result_from_pb(overview), now=NOW) or ""
+    assert "Everything remembered about this user" in text
+    assert "2. [2025-03-04] summary of conversation 'trip': Talked about the trip." in text
 
 
 def test_hit_json_carries_the_score_breakdown() -> None:
@@ -230,7 +256,7 @@ def test_hit_json_carries_the_score_breakdown() -> None:
         scores=pb.ScoreBreakdown(dense=0.5, relevance=0.8, recency=0.25, total=0.7, mmr=0.1),
         scope=pb.SCOPE_USER,
     )
-    assert hit_json(hit) == {
+    assert hit_json(result_from_pb(pb.SearchResponse(hits=[hit])).hits[0]) == {
         "id": "m",
         "text": "hello",
         "kind": "turn",
@@ -253,13 +279,53 @@ def test_hit_json_carries_the_score_breakdown() -> None:
 # --- turn ids ------------------------------------------------------------------------
 
 
-def test_turn_ids_are_deterministic() -> None:
-    scope = TurnScope("default", "u", "c", "req-1", "m")
-    user, again = scope.event("user", "hi"), scope.event("user", "hi")
-    assert user.turn_id == again.turn_id == turn_id("default", "req-1", "user")
-    assert user.event_id == again.event_id
-    assert scope.event("assistant", "yo").turn_id != user.turn_id
-    assert TurnScope("other", "u", "c", "req-1", "m").event("user", "hi").turn_id != user.turn_id
+def _chat_scope(**change: object) -> TurnScope:
+    values: dict[str, object] = {
+        "tenant": "default",
+        "user_id": "u",
+        "conversation_id": "c",
+        "request_id": "req-1",
+        "model": "m",
+        "turn_index": 4,
+        "prompt": "Where do I like to hike?",
+        **change,
+    }
+    return TurnScope.chat(**values)  # type: ignore[arg-type]
+
+
+def test_a_turn_is_identified_by_what_it_is_not_by_the_request() -> None:
+    scope = _chat_scope()
+    user = scope.event("user", "Where do I like to hike?")
+    # a retried request (new request id, same history position and text): the same turn
+    retried = _chat_scope(request_id="req-2").event("user", "Where do I like to hike?")
+    assert retried.turn_id == user.turn_id and retried.event_id == user.event_id
+    assert user.turn_id == turn_id("default", "u", "c", scope.key, "user")
+    # another user, conversation, tenant, position or text: another turn
+    for change in (
+        {"user_id": "v"},
+        {"conversation_id": "d"},
+        {"tenant": "other"},
+        {"turn_index": 6},
+        {"prompt": "Where do I like to swim?"},
+    ):
+        assert _chat_scope(**change).event("user", "x").turn_id != user.turn_id, change
+    # the reply to that turn has one identity; a regenerated reply is a new event for it
+    reply, regenerated = scope.event("assistant", "The Alps."), scope.event("assistant", "Alps!")
+    assert reply.turn_id == regenerated.turn_id != user.turn_id
+    assert reply.event_id != regenerated.event_id
+    assert (user.turn_index, reply.turn_index) == (4, 5)
+
+
+async def test_the_first_stream_event_carries_an_extra_field() -> None:
+    async def upstream():  # type: ignore[no-untyped-def]
+        yield b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant"}}]}'
+        yield b'\r\n\r\ndata: {"id":"c1","choices":[]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    out = b"".join([c async for c in with_first_event_field(upstream(), "memory_hits", [1])])
+    events = [e for e in out.replace(b"\r\n", b"\n").split(b"\n\n") if e]
+    assert events[0].startswith(b"data: ") and b'"memory_hits":[1]' in events[0]
+    assert events[1:] == [b'data: {"id":"c1","choices":[]}', b"data: [DONE]"]
 
 
 # --- SSE reader ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from engram_retrieval.ranking import (
     fused_similarity,
     late_fused_similarity,
     lexical_relevance,
+    merge_identical,
     merge_pools,
     minmax,
     mmr_select,
@@ -246,3 +247,68 @@ def test_context_smoothed_hand_computed() -> None:
     assert smoothed[1] == pytest.approx(smoothed[3])
     np.testing.assert_allclose(context_smoothed([0.6, 0.2], before[:2], after[:2], 0.0), [0.6, 0.2])
     np.testing.assert_allclose(context_smoothed([0.5, 0.5], before[:2], after[:2], 0.3), [0.5, 0.5])
+
+
+# --- what a person relies on: one statement once, corrections lose, facts first ----------
+
+
+def said(
+    id_: str,
+    text: str,
+    vector: list[float],
+    *,
+    kind: str = "turn",
+    owner: tuple[str, str] = ("alice", "default"),
+    sources: tuple[str, ...] = (),
+    corrected: bool = False,
+    age_days: float = 0.0,
+) -> Candidate:
+    return Candidate(
+        id=id_,
+        scope="conversation",
+        dense=0.5,
+        vector=np.array(vector),
+        created_at=NOW - timedelta(days=age_days),
+        text=text,
+        kind=kind,
+        owner=owner,
+        source_ids=sources,
+        corrected=corrected,
+    )
+
+
+def test_identical_texts_of_one_conversation_are_merged_and_other_owners_kept() -> None:
+    pool = [
+        said("a", "Where do I like to hike?", [1, 0]),
+        said("b", "  where do I like  to hike? ", [1, 0]),  # the same, said again
+        said("c", "Where do I like to hike?", [1, 0], owner=("bob", "default")),
+        said("d", "Where do I like to hike?", [1, 0], kind="fact"),
+    ]
+    assert [c.id for c in merge_identical(pool)] == ["a", "c", "d"]
+
+
+def test_a_corrected_turn_stops_competing_with_the_fact_that_replaced_it() -> None:
+    # relevance as the issue saw it: the old turn 0.96, the current fact 0.92
+    old_turn = said("t1", "My wife's name is Anne.", [1, 0], corrected=True, age_days=1)
+    new_turn = said("t2", "Actually my wife's name is Jane.", [0.9, 0.44])
+    fact = said("f2", "User's wife's name is Jane", [0.6, 0.8], kind="fact", sources=("t2",))
+    params = RankingParams(top_k=3, score_threshold=0.35, mmr_lambda=0.9, small_store_size=0)
+    result = rank([old_turn, new_turn, fact], [0.96, 0.95, 0.92], params, NOW, complete=True)
+    order = [h.candidate.id for h in result.hits]
+    # the fact first (before the turn it came from), the corrected turn last at half weight
+    assert order == ["f2", "t2", "t1"]
+    assert result.hits[-1].relevance == pytest.approx(0.48)
+    # below twice the threshold, a corrected turn is not recalled at all
+    faint = rank([old_turn, fact], [0.6, 0.92], params, NOW, complete=True)
+    assert [h.candidate.id for h in faint.hits] == ["f2"]
+
+
+def test_small_store_lists_corrected_turns_last_and_facts_before_their_turns() -> None:
+    pool = [
+        said("t1", "My wife's name is Anne.", [1, 0], corrected=True),
+        said("t2", "Actually, Jane.", [0, 1], age_days=0.5),
+        said("f2", "User's wife's name is Jane", [1, 1], kind="fact", sources=("t2",), age_days=1),
+    ]
+    result = rank(pool, [0.1, 0.1, 0.1], RankingParams(), NOW, complete=True)
+    assert result.outcome is Outcome.SMALL_STORE
+    assert [h.candidate.id for h in result.hits] == ["f2", "t2", "t1"]

@@ -185,7 +185,9 @@ async def test_tenant_isolation(client: RetrievalClient) -> None:
 
 async def test_now_shifts_recency(client: RetrievalClient) -> None:
     await store_facts(client)
-    request = pb.SearchRequest(tenant="acme", query="What is my dog's name?", conversation_id="c1")
+    request = pb.SearchRequest(
+        tenant="acme", user_id="u1", query="What is my dog's name?", conversation_id="c1"
+    )
     today = await client.search(request)
     request.now.CopyFrom(to_timestamp(FIXED_NOW + timedelta(days=29)))
     later = await client.search(request)
@@ -197,7 +199,7 @@ async def test_now_shifts_recency(client: RetrievalClient) -> None:
 
 
 async def test_outcomes_small_store_nothing_relevant_empty(client: RetrievalClient) -> None:
-    empty = await client.search(pb.SearchRequest(tenant="acme", query="anything"))
+    empty = await client.search(pb.SearchRequest(tenant="acme", user_id="u1", query="anything"))
     assert empty.outcome == pb.SEARCH_OUTCOME_EMPTY
     await client.upsert(
         pb.UpsertRequest(
@@ -209,7 +211,9 @@ async def test_outcomes_small_store_nothing_relevant_empty(client: RetrievalClie
         )
     )
     small = await client.search(
-        pb.SearchRequest(tenant="acme", query="quantum chromodynamics", conversation_id="c1")
+        pb.SearchRequest(
+            tenant="acme", user_id="u1", query="quantum chromodynamics", conversation_id="c1"
+        )
     )
     assert small.outcome == pb.SEARCH_OUTCOME_SMALL_STORE
     assert [h.memory.text for h in small.hits] == [
@@ -219,11 +223,15 @@ async def test_outcomes_small_store_nothing_relevant_empty(client: RetrievalClie
     await store_facts(client)
     nothing = await client.search(
         pb.SearchRequest(
-            tenant="acme", query="quantum chromodynamics lattice gauge theory", conversation_id="c1"
+            tenant="acme",
+            user_id="u1",
+            query="quantum chromodynamics lattice gauge theory",
+            conversation_id="c1",
         )
     )
     assert nothing.outcome == pb.SEARCH_OUTCOME_NOTHING_RELEVANT
-    assert not nothing.hits and nothing.candidates_considered == len(FACTS) + 2
+    # The allergy is stored twice (two dates) in one conversation: one candidate.
+    assert not nothing.hits and nothing.candidates_considered == len(FACTS) + 1
 
 
 async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
@@ -237,16 +245,27 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
                 fact("Another user's dog is named Rex.", conversation="c9", user="u2"),
                 pb.Memory(
                     kind=pb.MEMORY_KIND_SUMMARY,
+                    user_id="u1",
                     conversation_id="c1",
                     text="We talked about pets.",
                     created_at=to_timestamp(FIXED_NOW - timedelta(days=2)),
                 ),
                 pb.Memory(
                     kind=pb.MEMORY_KIND_SUMMARY,
+                    user_id="u1",
                     conversation_id="c1",
                     text="Pets and travel.",
                     created_at=to_timestamp(FIXED_NOW - timedelta(days=1)),
                 ),
+                # Another user's conversation of the same name: never attached for u1.
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_SUMMARY,
+                    user_id="u2",
+                    conversation_id="c1",
+                    text="Rex and the locker code.",
+                    created_at=to_timestamp(FIXED_NOW),
+                ),
+                fact("My dog Rex knows my locker code.", conversation="c1", user="u2"),
                 pb.Memory(
                     kind=pb.MEMORY_KIND_PROFILE,
                     user_id="u1",
@@ -286,6 +305,7 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
     assert scopes["My dog Biscuit is a beagle."] == pb.SCOPE_USER
     assert scopes["Dogs are welcome in the office."] == pb.SCOPE_GLOBAL
     assert "Another user's dog is named Rex." not in scopes
+    assert "My dog Rex knows my locker code." not in scopes  # u2's own "c1"
     assert all(h.memory.kind == pb.MEMORY_KIND_FACT for h in result.hits)
     assert result.summary.text == "Pets and travel."
     assert [(p.profile.key, p.profile.value) for p in result.profile] == [("name", "Sam")]
@@ -312,7 +332,7 @@ async def test_superseded_leave_default_search_and_list(client: RetrievalClient)
     reply = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[old]))
     assert reply.results[0].status == pb.UPSERT_STATUS_UPDATED
     request = pb.SearchRequest(
-        tenant="acme", query="What is my dog's name?", conversation_id="c1", top_k=10
+        tenant="acme", user_id="u1", query="What is my dog's name?", conversation_id="c1", top_k=10
     )
     texts = [h.memory.text for h in (await client.search(request)).hits]
     assert "My dog is called Pretzel now." in texts and FACTS[0] not in texts
@@ -476,7 +496,9 @@ async def test_invalid_requests(client: RetrievalClient) -> None:
 async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpanExporter) -> None:
     await store_facts(client)
     span_exporter.clear()
-    await client.search(pb.SearchRequest(tenant="acme", query="my dog", conversation_id="c1"))
+    await client.search(
+        pb.SearchRequest(tenant="acme", user_id="u1", query="my dog", conversation_id="c1")
+    )
     spans = {s.name: s for s in span_exporter.get_finished_spans()}
     assert {"embed", "candidates", "rerank", "mmr"} <= set(spans)
     assert spans["candidates"].attributes["engram.candidates"] == len(FACTS)
@@ -503,6 +525,7 @@ async def test_data_persists_across_restart(
         result = await client.search(
             pb.SearchRequest(
                 tenant="acme",
+                user_id="u1",
                 query="Where do I live?",
                 conversation_id="c1",
                 now=to_timestamp(datetime(2025, 6, 1, tzinfo=UTC)),
@@ -531,6 +554,7 @@ async def test_cross_encoder_from_settings_without_lexical(
         result = await client.search(
             pb.SearchRequest(
                 tenant="acme",
+                user_id="u1",
                 query="cat",
                 conversation_id="c1",
                 top_k=6,
@@ -576,6 +600,7 @@ async def test_search_candidate_sources_from_settings(
         result = await client.search(
             pb.SearchRequest(
                 tenant="acme",
+                user_id="u1",
                 query="Which car does the user drive? A Toyota?",
                 conversation_id="c1",
                 top_k=len(FACTS),
@@ -603,3 +628,93 @@ async def test_search_candidate_sources_from_settings(
     finally:
         await client.close()
         await running.stop(grace_s=0)
+
+
+async def test_what_do_you_know_about_me_is_answered_from_facts_and_summaries(
+    client: RetrievalClient,
+) -> None:
+    await store_facts(client)
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                fact("My dog Biscuit is a beagle.", conversation="c2", days_ago=0.5),
+                fact("Another user's secret.", conversation="c1", user="u2", days_ago=0.1),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_SUMMARY,
+                    user_id="u1",
+                    conversation_id="c2",
+                    text="Talked about Biscuit.",
+                ),
+            ],
+        )
+    )
+    for question in ("What do you know about me?", "what have we talked about so far"):
+        result = await client.search(
+            pb.SearchRequest(tenant="acme", user_id="u1", conversation_id="c1", query=question)
+        )
+        assert result.outcome == pb.SEARCH_OUTCOME_OVERVIEW
+        texts = [h.memory.text for h in result.hits]
+        # every current fact of u1, newest first, across conversations, then summaries
+        assert texts[: len(FACTS) + 1] == ["My dog Biscuit is a beagle.", *FACTS]
+        assert texts[-1] == "Talked about Biscuit."
+        assert "Another user's secret." not in texts
+    # a user with nothing learned yet falls back to ordinary search
+    empty = await client.search(
+        pb.SearchRequest(tenant="acme", user_id="u3", query="What do you know about me?")
+    )
+    assert empty.outcome == pb.SEARCH_OUTCOME_EMPTY
+
+
+async def test_a_corrected_turn_ranks_below_the_fact_that_corrected_it(
+    client: RetrievalClient,
+) -> None:
+    def turn(text: str, days_ago: float, **metadata: str) -> pb.Memory:
+        return pb.Memory(
+            kind=pb.MEMORY_KIND_TURN,
+            role="user",
+            text=text,
+            user_id="u1",
+            conversation_id="c1",
+            created_at=to_timestamp(FIXED_NOW - timedelta(days=days_ago)),
+            metadata=metadata,
+        )
+
+    turns = await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                turn("My wife's name is Anne.", 2, corrected_at="2025-05-31T12:00:00Z"),
+                turn("Actually, my wife's name is Jane.", 1),
+            ],
+        )
+    )
+    jane_turn = turns.results[1].id
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                fact("User's wife's name is Jane", days_ago=1, source_turn_ids=[jane_turn]),
+                *(fact(t, days_ago=3) for t in FACTS),
+            ],
+        )
+    )
+    result = await client.search(
+        pb.SearchRequest(tenant="acme", user_id="u1", conversation_id="c1", query="wife's name")
+    )
+    texts = [h.memory.text for h in result.hits]
+    assert texts.index("User's wife's name is Jane") < texts.index(
+        "Actually, my wife's name is Jane."
+    )
+    if "My wife's name is Anne." in texts:
+        assert texts.index("My wife's name is Anne.") > texts.index("User's wife's name is Jane")
+
+
+async def test_upsert_reports_the_stored_timestamps(client: RetrievalClient) -> None:
+    first = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[fact("I like tea.")]))
+    again = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[fact("I like tea.")]))
+    (created,), (unchanged,) = first.results, again.results
+    assert unchanged.status == pb.UPSERT_STATUS_UNCHANGED
+    assert created.updated_at == unchanged.updated_at  # a no-op keeps the stored state
+    assert created.created_at == to_timestamp(FIXED_NOW - timedelta(days=1))
+    assert created.updated_at == to_timestamp(FIXED_NOW)

@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from engram_core.events import MemoryRecord, ProposedProfileFact
+from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.mirror_format import (
     MirrorFormatError,
     Tombstone,

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from engram_core.bus import publish_event
-from engram_core.events import MemoryChanged, MemoryEdited, MemoryRecord
+from engram_core.events import MemoryChanged, MemoryEdited
+from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import live_path, tombstone_path
 from engram_testing.mirror_support import git_log, git_status
 from engram_testing.waiting import eventually

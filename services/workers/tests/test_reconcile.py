@@ -22,13 +22,8 @@ import pytest
 from engram_cli.nats_server import free_port
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
-from engram_core.events import (
-    FactProposed,
-    MemoryChanged,
-    ProposedProfileFact,
-    TurnPersisted,
-    deterministic_event_id,
-)
+from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id
+from engram_core.memory import ProposedProfileFact
 from engram_core.proto import from_timestamp, pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.waiting import eventually

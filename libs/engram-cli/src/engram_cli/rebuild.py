@@ -21,7 +21,7 @@ from typing import TextIO
 import grpc
 from pydantic import Field
 
-from engram_core.events import MemoryRecord
+from engram_core.memory import MemoryRecord
 from engram_core.memory_record import record_to_pb
 from engram_core.mirror_format import (
     MirrorFormatError,

@@ -29,7 +29,7 @@ EVENTS_BUCKET = "ENGRAM_EVENTS"
 #: Records expire after this long; a client polls for minutes, not weeks.
 EVENTS_TTL_S = 7 * 24 * 3600.0
 
-EventState = Literal["pending", "applied"]
+EventState = Literal["pending", "applied", "skipped"]
 EventStage = Literal["ingest", "reconcile"]
 
 
@@ -43,9 +43,15 @@ class EventStatus(BaseModel):
     accepted_at: datetime | None = None
     applied_at: datetime | None = None
     follow_up: str = Field(default="", description="The event this one now waits for.")
+    reason: str = Field(default="", description="Why nothing was learned (status skipped).")
 
     def applied(self) -> EventStatus:
         return self.model_copy(update={"status": "applied", "stage": None, "applied_at": utcnow()})
+
+    def skipped(self, reason: str) -> EventStatus:
+        return self.model_copy(
+            update={"status": "skipped", "stage": None, "applied_at": utcnow(), "reason": reason}
+        )
 
     def waiting_for(self, event_id: str) -> EventStatus:
         return self.model_copy(update={"stage": "reconcile", "follow_up": event_id})
@@ -83,17 +89,21 @@ class EventStatusStore:
             tenant, event_id, EventStatus(status="pending", stage="ingest", accepted_at=utcnow())
         )
 
-    async def update_if_followed(self, tenant: str, event_id: str, *, follow_up: str = "") -> None:
-        """The workers' side: a followed event is applied, or (``follow_up``) now waits
-        for the event it causes, which becomes followed too — call this *before*
-        publishing that event, or its worker could finish before it is followed.
-        Unfollowed events: no-op."""
+    async def update_if_followed(
+        self, tenant: str, event_id: str, *, follow_up: str = "", skipped: str = ""
+    ) -> None:
+        """The workers' side: a followed event is applied, skipped (``skipped``: why no
+        facts were learned), or (``follow_up``) now waits for the event it causes, which
+        becomes followed too — call this *before* publishing that event, or its worker
+        could finish before it is followed. Unfollowed events: no-op."""
         current = await self.get(tenant, event_id)
-        # Applied, or already waiting for its follow-up (a redelivery): nothing to add,
+        # Done, or already waiting for its follow-up (a redelivery): nothing to add,
         # and re-writing the follow-up could undo reconcile's "applied".
-        if current is None or current.status == "applied" or current.follow_up:
+        if current is None or current.status != "pending" or current.follow_up:
             return
-        if follow_up:
+        if skipped:
+            await self.put(tenant, event_id, current.skipped(skipped))
+        elif follow_up:
             await self.put(
                 tenant,
                 follow_up,

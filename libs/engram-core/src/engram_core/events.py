@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
+
+from engram_core.memory import (
+    DEFAULT_CONVERSATION,
+    MemoryRecord,
+    NonEmpty,
+    ProposedProfileFact,
+)
 
 STREAM_NAME = "ENGRAM"
 STREAM_SUBJECTS = ("engram.>",)
 #: JetStream de-duplicates messages with the same Nats-Msg-Id inside this window.
 DUPLICATE_WINDOW_S = 120.0
 DLQ_PREFIX = "engram.dlq"
-
-DEFAULT_CONVERSATION = "default"
-
-NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 
 
 def utcnow() -> datetime:
@@ -93,19 +96,6 @@ class DeadLetter(BaseModel):
 
 # --- the learning write path ---------------------------------------------------------
 
-ProfileCategory = Literal["identity", "preference", "constraint", "instruction"]
-MemoryKindName = Literal["turn", "fact", "profile", "summary", "episode"]
-
-
-class ProposedProfileFact(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    category: ProfileCategory
-    key: NonEmpty
-    value: NonEmpty
-    confidence: float = Field(ge=0.0, le=1.0)
-    importance: float = Field(default=0.5, ge=0.0, le=1.0)
-
 
 class FactProposed(Event):
     """Facts the ingest worker extracted from one user turn, for reconcile to apply."""
@@ -119,34 +109,6 @@ class FactProposed(Event):
     facts: list[NonEmpty] = Field(default_factory=list, max_length=3)
     profile: list[ProposedProfileFact] = Field(default_factory=list)
     model: str = Field(default="", description="The chat model of the turn (LLM fallback).")
-
-
-class MemoryRecord(BaseModel):
-    """A memory as events carry it: the pydantic twin of ``pb.Memory``.
-
-    Conversion to and from protobuf lives in :mod:`engram_core.memory_record`.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: NonEmpty
-    kind: MemoryKindName
-    text: str
-    role: str = ""
-    user_id: str = ""
-    conversation_id: NonEmpty = DEFAULT_CONVERSATION
-    created_at: datetime | None = None
-    updated_at: datetime | None = None
-    source_id: str = ""
-    turn_index: int = 0
-    source_turn_ids: list[str] = Field(default_factory=list)
-    valid_from: datetime | None = None
-    valid_to: datetime | None = None
-    superseded_by: str = ""
-    tags: list[str] = Field(default_factory=list)
-    profile: ProposedProfileFact | None = None
-    turn_range: tuple[int, int] | None = None
-    metadata: dict[str, str] = Field(default_factory=dict)
 
 
 MemoryChangeOp = Literal["created", "updated", "superseded", "deleted", "evicted"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engram_core.events import MemoryRecord, ProposedProfileFact
+from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.proto import KIND_BY_NAME, from_timestamp, kind_name, pb, to_timestamp
 
 

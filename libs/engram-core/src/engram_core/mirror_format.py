@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from engram_core.events import MemoryRecord
+from engram_core.memory import MemoryRecord
 
 __all__ = [
     "DELETED_DIR",

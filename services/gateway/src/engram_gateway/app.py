@@ -19,6 +19,7 @@ from opentelemetry.trace import TracerProvider, get_tracer
 from engram_core.bus import ensure_stream, make_broker
 from engram_core.event_status import EventStatusStore
 from engram_core.logging import get_logger
+from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
 from engram_gateway import browse_api, chat, health, memory_api, passthrough, ui
@@ -82,7 +83,7 @@ def create_app(
 
             app.state.gateway = GatewayState(
                 settings=settings,
-                retrieval=retrieval,
+                memories=MemoryPort(retrieval),
                 broker=broker,
                 publisher=publisher,
                 upstream=Upstream(settings, http, llm),

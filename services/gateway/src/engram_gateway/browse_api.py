@@ -1,7 +1,8 @@
 """Who and what a tenant's memory is about: ``GET /v1/users`` (the tenant's users) and
 ``GET /v1/conversations?user=`` (one user's conversations), each with how many
-memories it holds, most first. From retrieval's ``ListScopes``, so tenant-scoped like
-every call; for browsing (the memory browser, agents), not for exact accounting.
+memories it holds, most first. From retrieval's ``ListScopes`` (through the memory
+port), so tenant-scoped like every call; for browsing (the memory browser, agents), not
+for exact accounting.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from engram_core.proto import pb
-from engram_gateway.memory_api import _rpc
+from engram_core.memory import ScopeList
 from engram_gateway.memory_models import ErrorResponse, UserId
 from engram_gateway.state import gateway_state
 from engram_gateway.tenancy import resolve_tenant
@@ -69,15 +69,11 @@ class ConversationList(BaseModel):
     has_more: bool
 
 
-async def _scopes(request: Request, query: _ScopeQuery, user: str | None) -> pb.ListScopesResponse:
+async def _scopes(request: Request, query: _ScopeQuery, user: str | None) -> ScopeList:
     state, tenant = gateway_state(request), resolve_tenant(request)
-    call = pb.ListScopesRequest(
-        tenant=tenant, limit=query.limit, include_superseded=query.include_superseded
+    return await state.memories.list_scopes(
+        tenant, user_id=user, limit=query.limit, include_superseded=query.include_superseded
     )
-    if user is not None:
-        call.user_id = user
-    reply: pb.ListScopesResponse = await _rpc("ListScopes", state.retrieval.list_scopes(call))
-    return reply
 
 
 @router.get("/users", response_model=UserList, summary="The tenant's users, most memories first")

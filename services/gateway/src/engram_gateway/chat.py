@@ -1,11 +1,14 @@
-"""``POST /v1/chat/completions``: recall, record, forward, relay.
+"""``POST /v1/chat/completions``: recall, forward, record, relay.
 
 1. Validate and strip the memory controls; the rest of the body is forwarded as is.
-2. Unless memory is bypassed: search memory and publish the user turn, concurrently.
-   No JetStream ack for the user turn → 503, and nothing is forwarded.
-3. Inject one system message (what memory found) right before the latest user message.
-4. Forward upstream; relay the reply (SSE chunks as they arrive when streaming).
-5. Once the reply is complete, publish the assistant turn.
+2. Unless memory is bypassed: search memory, and inject one system message (what memory
+   found) right before the latest user message.
+3. Forward upstream. A failed upstream call records nothing.
+4. The upstream accepted: publish the user turn and wait for JetStream's ack before any
+   of the reply is relayed. No ack → 503 (the reply is dropped; a retry records the same
+   turn once, see turns.py).
+5. Relay the reply (SSE chunks as they arrive when streaming; the first chunk carries
+   ``memory_hits``); once it is complete, publish the assistant turn.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from starlette.responses import Response, StreamingResponse
 from engram_core import semconv
 from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
+from engram_core.memory import GLOBAL_CONVERSATION, is_tenant_wide
 from engram_gateway.bodies import parse_json_object, read_body
-from engram_gateway.controls import MemoryControls, split_memory_controls
+from engram_gateway.controls import split_memory_controls
 from engram_gateway.errors import SERVICE_UNAVAILABLE, UPSTREAM_ERROR, GatewayError, bad_request
-from engram_gateway.memory import (
+from engram_gateway.recall import (
     MEMORY_HEADER,
     MemoryStatus,
     Recall,
@@ -36,9 +40,9 @@ from engram_gateway.memory import (
     latest_user_index,
     message_text,
     recall,
-    search_request,
+    search_query,
 )
-from engram_gateway.sse import ChatStreamReader
+from engram_gateway.sse import ChatStreamReader, with_first_event_field
 from engram_gateway.state import GatewayState, gateway_state, request_id
 from engram_gateway.tenancy import resolve_tenant
 from engram_gateway.turns import TurnNotPersisted, TurnScope
@@ -87,33 +91,23 @@ def assistant_text(payload: dict[str, Any]) -> str:
     return message_text(first.get("message")) if isinstance(first, dict) else ""
 
 
-async def _recall_and_record(
-    state: GatewayState,
-    scope: TurnScope,
-    controls: MemoryControls,
-    query: str,
-    messages: list[Any],
-) -> Recall:
-    """Search memory while the user turn is being persisted; 503 if it is not."""
-    search = search_request(
-        tenant=scope.tenant, query=query, user_id=scope.user_id, controls=controls
+def _not_recorded(what: str) -> GatewayError:
+    return GatewayError(
+        503,
+        f"Engram could not record this turn (the event bus did not acknowledge it), so {what}. "
+        "Retry (the turn is recorded once), or send memory=false to bypass memory.",
+        type=SERVICE_UNAVAILABLE,
+        code="turn_not_persisted",
     )
-    # The request's own messages are the short-term window: hits repeating them are dropped.
-    recall_task = asyncio.create_task(recall(state.retrieval, search, messages=messages))
+
+
+async def _record_user_turn(state: GatewayState, scope: TurnScope, text: str) -> None:
+    """Publish the user turn and wait for the ack; 503 if it does not come."""
     try:
-        await state.publisher.publish(scope.event("user", query))
-        return await recall_task
+        await state.publisher.publish(scope.event("user", text))
     except TurnNotPersisted as exc:
-        log.error("user turn not persisted, request refused", error=str(exc))
-        raise GatewayError(
-            503,
-            "Engram could not record this turn (the event bus did not acknowledge it), so the "
-            "request was not sent to the model. Retry, or send memory=false to bypass memory.",
-            type=SERVICE_UNAVAILABLE,
-            code="turn_not_persisted",
-        ) from None
-    finally:
-        recall_task.cancel()  # a no-op once it finished
+        log.error("user turn not persisted, reply withheld", error=str(exc))
+        raise _not_recorded("the reply was withheld") from None
 
 
 @router.post("/v1/chat/completions")
@@ -127,23 +121,38 @@ async def chat_completions(request: Request) -> Response:
 
     messages: list[Any] = forwarded["messages"]
     user_index = latest_user_index(messages)
-    scope = TurnScope(
+    query = message_text(messages[user_index]).strip() if user_index is not None else ""
+    scope = TurnScope.chat(
         tenant=resolve_tenant(request),
         user_id=forwarded.get("user") or "",
         conversation_id=controls.conversation_id,
         request_id=request_id(request),
         model=forwarded["model"],
         turn_index=conversation_position(messages, user_index),
+        prompt=query,
     )
-    query = message_text(messages[user_index]).strip() if user_index is not None else ""
 
+    if controls.enabled and query and is_tenant_wide(scope.user_id, scope.conversation_id):
+        raise bad_request(
+            f"memory_id {GLOBAL_CONVERSATION!r} without a user is the tenant-wide bucket, "
+            "recalled for every user of the tenant; chats are recorded in a user's "
+            "conversation. Send `user`, choose another memory_id, or add tenant-wide "
+            "memories with POST /v1/memories.",
+            param="memory_id",
+            code="invalid_memory_control",
+        )
     if not controls.enabled:
         memory = Recall(MemoryStatus.BYPASSED)
     elif not query:
         # Nothing to search for and nothing to record (no user text: an image only, say).
         memory = Recall(MemoryStatus.EMPTY)
     else:
-        memory = await _recall_and_record(state, scope, controls, query, messages)
+        search = search_query(
+            tenant=scope.tenant, query=query, user_id=scope.user_id, controls=controls
+        )
+        # The request's own messages are the short-term window: hits repeating them are
+        # dropped.
+        memory = await recall(state.memories, search, messages=messages)
         if memory.system_message is not None and user_index is not None:
             forwarded["messages"] = inject(messages, user_index, memory.system_message)
 
@@ -166,6 +175,13 @@ async def chat_completions(request: Request) -> Response:
         }
     )
 
+    record = controls.enabled and bool(query)
+    if record and not state.publisher.is_connected():
+        # Known before forwarding: do not spend the upstream's work on a reply that
+        # would be withheld.
+        log.error("user turn cannot be recorded (NATS not connected), request refused")
+        raise _not_recorded("the request was not sent to the model")
+
     # The upstream call's span (gen_ai) ends when the reply is complete, streamed or not.
     call = LlmCall(scope.model, task="chat", tracer=state.tracer)
     try:
@@ -175,9 +191,20 @@ async def chat_completions(request: Request) -> Response:
         call.fail(str(getattr(exc, "status", "")) or type(exc).__name__)
         call.end()
         raise
-    record = controls.enabled and bool(query)
+    if record:
+        try:
+            await _record_user_turn(state, scope, query)
+        except GatewayError:
+            call.fail("turn_not_persisted")
+            call.end()
+            with suppress(Exception):
+                await upstream.aclose()
+            raise
     if stream:
-        return _relay_stream(state, upstream, scope, call, record=record, headers=headers)
+        hits = memory.hits if memory.status is not MemoryStatus.BYPASSED else None
+        return _relay_stream(
+            state, upstream, scope, call, record=record, headers=headers, hits=hits
+        )
     try:
         return await _complete(state, upstream, scope, memory, call, record=record, headers=headers)
     finally:
@@ -238,13 +265,17 @@ def _relay_stream(
     *,
     record: bool,
     headers: dict[str, str],
+    hits: list[dict[str, Any]] | None,
 ) -> StreamingResponse:
     reader = ChatStreamReader()
+    chunks: AsyncIterator[bytes] = upstream.aiter_bytes()
+    if hits is not None:
+        chunks = with_first_event_field(chunks, "memory_hits", hits)
 
     async def relay() -> AsyncIterator[bytes]:
         completed = False
         try:
-            async for chunk in upstream.aiter_bytes():
+            async for chunk in chunks:
                 reader.feed(chunk)
                 yield chunk
             completed = True

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from engram_core.events import DEFAULT_CONVERSATION
+from engram_core.memory import DEFAULT_CONVERSATION
 from engram_gateway.errors import GatewayError, bad_request
 from engram_gateway.settings import GatewaySettings
 

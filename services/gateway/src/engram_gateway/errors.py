@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engram_core.logging import get_logger
+from engram_core.memory_port import RetrievalError
 
 log = get_logger(__name__)
 
@@ -125,6 +126,26 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _retrieval_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RetrievalError)
+    status = exc.http_status
+    if status == 503:
+        log.warning("retrieval call failed", call=exc.call, code=exc.code.name)
+        return error_response(
+            503,
+            f"The memory store is unavailable ({exc.call}: {exc.code.name}); retry later.",
+            type=SERVICE_UNAVAILABLE,
+            code="retrieval_unavailable",
+        )
+    codes = {400: "invalid_request", 404: "not_found", 409: "conflict"}
+    return error_response(
+        status,
+        exc.details or f"{exc.call}: {exc.code.name}",
+        type=INVALID_REQUEST,
+        code=codes.get(status, "invalid_request"),
+    )
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises after this handler, so the server logs the traceback; the
     # caller only ever sees the OpenAI-shaped body.
@@ -138,4 +159,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(RetrievalError, _retrieval_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -34,7 +34,7 @@ async def readyz(request: Request) -> Response:
     and its failures are reported per request (502/504).
     """
     state = gateway_state(request)
-    retrieval_ok = await state.retrieval.is_serving(timeout_s=READY_CHECK_TIMEOUT_S)
+    retrieval_ok = await state.memories.is_serving(timeout_s=READY_CHECK_TIMEOUT_S)
     nats_ok = state.publisher.is_connected()
     checks = {
         "retrieval": "ok" if retrieval_ok else "unavailable",

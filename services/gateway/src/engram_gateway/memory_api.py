@@ -3,36 +3,49 @@ and the status of what was added. Tenant-scoped through :func:`resolve_tenant`;
 retrieval enforces the tenant on every call, so another tenant's id is simply missing
 (404, never 403: no existence oracle).
 
-Writes change the index first and then announce the change on
-``engram.memory.changed.v1`` (cause ``api``) so the Markdown mirror follows. NATS must
-be connected before a write starts (503 otherwise); if the announcement itself then
-fails, the change stands, the response says ``X-Engram-Mirror: not-persisted`` and an
-error is logged.
+Scopes, as the chat uses them: ``user`` and ``conversation`` name a user's conversation.
+Without a ``user``, what is created or added goes to the tenant-wide bucket
+(conversation ``global``, recalled for every user of the tenant) unless a conversation
+is named (then it is the conversation of "no user", where chats without ``user`` are
+recorded).
 
-Updates keep history: the previous version is copied to a new memory with
-``superseded_by`` = the edited id and ``valid_to`` = now, as reconcile does when a
-fact replaces another; the edited id stays the current version.
+Writes go through :mod:`engram_core.lifecycle` (the same rules as every worker) and are
+announced on ``engram.memory.changed.v1`` (cause ``api``) so the Markdown mirror follows.
+NATS must be connected before a write starts (503 otherwise); if the announcement itself
+then fails, the change stands, the response says ``X-Engram-Mirror: not-persisted`` and
+an error is logged.
+
+Updates keep history: the previous version is kept as a superseded copy and the edited
+id stays the current version. Rewriting or deleting a fact marks the turns it came from
+as corrected, so they stop competing with what replaced them.
 """
 
 from __future__ import annotations
 
-import hashlib
+import base64
+import binascii
+import json
 import uuid
 from collections import defaultdict
+from dataclasses import replace
 from typing import Annotated, Any
 
-import grpc
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+from engram_core import lifecycle
 from engram_core.bus import publish_event
-from engram_core.events import MemoryChanged, MemoryChangeOp, deterministic_event_id, utcnow
+from engram_core.events import MemoryChanged, utcnow
 from engram_core.logging import get_logger
-from engram_core.memory_record import record_from_pb
-from engram_core.proto import KIND_BY_NAME, SCOPE_NAMES, from_timestamp, pb, to_timestamp
+from engram_core.memory import (
+    DEFAULT_CONVERSATION,
+    GLOBAL_CONVERSATION,
+    MemoryFilter,
+    MemoryRecord,
+)
+from engram_core.memory_writes import Change, apply, correct_turns
 from engram_gateway.controls import MemoryControls
 from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayError, bad_request
-from engram_gateway.memory import hit_json, search_request
 from engram_gateway.memory_models import (
     Accepted,
     AddMemories,
@@ -49,6 +62,7 @@ from engram_gateway.memory_models import (
     SearchResult,
     UpdateMemory,
 )
+from engram_gateway.recall import hit_json, search_query
 from engram_gateway.state import GatewayState, gateway_state, request_id
 from engram_gateway.tenancy import resolve_tenant
 from engram_gateway.turns import ID_NAMESPACE, TurnNotPersisted, TurnScope
@@ -57,9 +71,6 @@ log = get_logger(__name__)
 
 CAUSE = "api"
 MIRROR_HEADER = "X-Engram-Mirror"
-#: History is gathered from List pages of the memory's conversation and user.
-HISTORY_PAGE_SIZE = 500
-MAX_HISTORY_PAGES = 20
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
@@ -67,6 +78,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "Invalid request (unknown field, bad value, text too long, bad id)"),
         (401, "Missing or invalid API key"),
         (404, "No such memory or event for this tenant"),
+        (409, "Conflict (a superseded version, an X-Request-Id used for another memory)"),
         (503, "Retrieval or the event bus is unavailable"),
     )
 }
@@ -93,30 +105,6 @@ def _not_found(memory_id: str) -> GatewayError:
     )
 
 
-def _rpc_error(call: str, exc: grpc.aio.AioRpcError) -> GatewayError:
-    code = exc.code()
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return bad_request(exc.details() or f"{call}: invalid argument")
-    if code == grpc.StatusCode.NOT_FOUND:
-        return GatewayError(404, exc.details() or "not found", code="not_found")
-    if code == grpc.StatusCode.ALREADY_EXISTS:
-        return GatewayError(409, exc.details() or "conflict", code="conflict")
-    log.warning("retrieval call failed", call=call, code=code.name)
-    return GatewayError(
-        503,
-        f"The memory store is unavailable ({call}: {code.name}); retry later.",
-        type=SERVICE_UNAVAILABLE,
-        code="retrieval_unavailable",
-    )
-
-
-async def _rpc(call: str, awaitable: Any) -> Any:
-    try:
-        return await awaitable
-    except grpc.aio.AioRpcError as exc:
-        raise _rpc_error(call, exc) from None
-
-
 def _check_text(text: str, limit: int, param: str = "text") -> str:
     if not text.strip():
         raise bad_request(f"{param} must not be empty", param=param, code="empty_text")
@@ -129,8 +117,8 @@ def _check_text(text: str, limit: int, param: str = "text") -> str:
     return text
 
 
-def _out(memory: pb.Memory) -> MemoryOut:
-    return MemoryOut(**record_from_pb(memory).model_dump())
+def _out(memory: MemoryRecord) -> MemoryOut:
+    return MemoryOut(**memory.model_dump())
 
 
 def _require_bus(state: GatewayState) -> None:
@@ -144,28 +132,18 @@ def _require_bus(state: GatewayState) -> None:
         )
 
 
-async def _get(state: GatewayState, tenant: str, memory_id: str) -> pb.Memory:
-    reply = await _rpc("Get", state.retrieval.get(pb.GetRequest(tenant=tenant, ids=[memory_id])))
-    if not reply.memories:
+def default_conversation(user: str, conversation: str | None) -> str:
+    """Without a user the default is the tenant-wide bucket; with one, ``default``."""
+    if conversation:
+        return conversation
+    return DEFAULT_CONVERSATION if user else GLOBAL_CONVERSATION
+
+
+async def _get(state: GatewayState, tenant: str, memory_id: str) -> MemoryRecord:
+    memory = await state.memories.get_one(tenant, memory_id)
+    if memory is None:
         raise _not_found(memory_id)
-    memory: pb.Memory = reply.memories[0]
     return memory
-
-
-def _changed(
-    tenant: str, memory: pb.Memory, op: MemoryChangeOp, event_id: str, related: list[str]
-) -> MemoryChanged:
-    record = record_from_pb(memory)
-    return MemoryChanged(
-        event_id=event_id,
-        tenant=tenant,
-        user_id=record.user_id,
-        conversation_id=record.conversation_id,
-        op=op,
-        memory=record,
-        cause=CAUSE,
-        related_ids=related,
-    )
 
 
 async def _announce(state: GatewayState, events: list[MemoryChanged]) -> dict[str, str]:
@@ -187,35 +165,16 @@ def _json(model: Any, status: int = 200, headers: dict[str, str] | None = None) 
     return JSONResponse(model.model_dump(mode="json"), status_code=status, headers=headers)
 
 
-async def _history(state: GatewayState, tenant: str, memory: pb.Memory) -> list[pb.Memory]:
+async def _history(state: GatewayState, tenant: str, memory: MemoryRecord) -> list[MemoryRecord]:
     """Every superseded version that leads to ``memory`` (``superseded_by`` chains),
-    oldest first. Candidates: superseded memories of the same kind in its conversation
-    and of its user — where reconcile and this API put them."""
-    filters = [pb.MemoryFilter(conversation_id=memory.conversation_id, kinds=[memory.kind])]
-    if memory.user_id:
-        filters.append(pb.MemoryFilter(user_id=memory.user_id, kinds=[memory.kind]))
-    by_successor: dict[str, list[pb.Memory]] = defaultdict(list)
-    seen: set[str] = set()
-    for flt in filters:
-        flt.include_superseded = True
-        token = ""
-        for _ in range(MAX_HISTORY_PAGES):
-            reply = await _rpc(
-                "List",
-                state.retrieval.list(
-                    pb.ListRequest(
-                        tenant=tenant, filter=flt, page_size=HISTORY_PAGE_SIZE, page_token=token
-                    )
-                ),
-            )
-            for candidate in reply.memories:
-                if candidate.superseded_by and candidate.id not in seen:
-                    seen.add(candidate.id)
-                    by_successor[candidate.superseded_by].append(candidate)
-            token = reply.next_page_token
-            if not token:
-                break
-    versions: list[pb.Memory] = []
+    oldest first. Candidates: the superseded memories of its kind of its user, in any of
+    the user's conversations (where reconcile and this API put them)."""
+    flt = MemoryFilter(user_id=memory.user_id, kinds=(memory.kind,), include_superseded=True)
+    by_successor: dict[str, list[MemoryRecord]] = defaultdict(list)
+    async for candidate in state.memories.iter_list(tenant, flt):
+        if candidate.superseded_by:
+            by_successor[candidate.superseded_by].append(candidate)
+    versions: list[MemoryRecord] = []
     frontier, visited = [memory.id], {memory.id}
     while frontier:
         for older in by_successor.get(frontier.pop(), []):
@@ -224,12 +183,71 @@ async def _history(state: GatewayState, tenant: str, memory: pb.Memory) -> list[
                 versions.append(older)
                 frontier.append(older.id)
 
-    def order(m: pb.Memory) -> tuple[str, str]:
-        end = from_timestamp(m.valid_to) or from_timestamp(m.updated_at)
-        start = from_timestamp(m.valid_from) or from_timestamp(m.created_at)
+    def order(m: MemoryRecord) -> tuple[str, str]:
+        end = m.valid_to or m.updated_at
+        start = m.valid_from or m.created_at
         return (end.isoformat() if end else "", start.isoformat() if start else "")
 
     return sorted(versions, key=order)
+
+
+# --- list cursors: the filters travel with the position --------------------------------
+
+_FILTER_FIELDS = (
+    "conversation",
+    "user",
+    "kind",
+    "tag",
+    "include_superseded",
+    "created_after",
+    "created_before",
+)
+
+
+def _filters_of(query: ListQuery) -> dict[str, Any]:
+    return query.model_dump(mode="json", include=set(_FILTER_FIELDS))
+
+
+def encode_cursor(token: str, filters: dict[str, Any]) -> str:
+    raw = json.dumps({"t": token, "f": filters}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, dict[str, Any]]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        decoded = json.loads(raw)
+        token, filters = decoded["t"], decoded["f"]
+        if not isinstance(token, str) or not isinstance(filters, dict):
+            raise ValueError("not a cursor")
+        ListQuery.model_validate({k: v for k, v in filters.items() if v is not None})
+    except (binascii.Error, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise bad_request(
+            "cursor is not one this API issued (pass next_cursor as it came)",
+            param="cursor",
+            code="invalid_cursor",
+        ) from None
+    return token, filters
+
+
+def resolve_list_query(query: ListQuery) -> tuple[ListQuery, str]:
+    """The filters and the retrieval page token of a list request. A cursor carries the
+    filters of the first page: page 2 may repeat them or leave them out, but a cursor
+    sent with other filters is a 400 (it would page through another listing)."""
+    if not query.cursor:
+        return query, ""
+    token, filters = decode_cursor(query.cursor)
+    given = _filters_of(query)
+    defaults = _filters_of(ListQuery())
+    changed = {k for k, v in given.items() if v != defaults[k] and v != filters.get(k)}
+    if changed:
+        raise bad_request(
+            f"cursor was issued for other filters ({', '.join(sorted(changed))} differ); "
+            "send the same filters as the first page, or none",
+            param="cursor",
+            code="cursor_filters_mismatch",
+        )
+    return ListQuery.model_validate({**query.model_dump(), **filters}), token
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -238,39 +256,30 @@ async def _history(state: GatewayState, tenant: str, memory: pb.Memory) -> list[
 @router.get("/memories", response_model=MemoryList, summary="List memories, newest first")
 async def list_memories(request: Request, query: Annotated[ListQuery, Query()]) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
-    flt = pb.MemoryFilter(
-        user_id=query.user or "",
-        conversation_id=query.conversation or "",
-        kinds=[KIND_BY_NAME[k] for k in query.kind],  # type: ignore[misc]
-        tags=query.tag,
+    query, token = resolve_list_query(query)
+    flt = MemoryFilter(
+        user_id=query.user,
+        conversation_id=query.conversation,
+        kinds=tuple(query.kind),
+        tags=tuple(query.tag),
         include_superseded=query.include_superseded,
+        **_created_window(query),
     )
-    _bound_created(flt, query)
-    reply = await _rpc(
-        "List",
-        state.retrieval.list(
-            pb.ListRequest(
-                tenant=tenant, filter=flt, page_size=query.limit, page_token=query.cursor or ""
-            )
-        ),
-    )
-    token = reply.next_page_token or None
+    page = await state.memories.list_page(tenant, flt, page_size=query.limit, page_token=token)
+    cursor = encode_cursor(page.next_token, _filters_of(query)) if page.next_token else None
     return _json(
-        MemoryList(data=[_out(m) for m in reply.memories], has_more=bool(token), next_cursor=token)
+        MemoryList(data=[_out(m) for m in page.records], has_more=bool(cursor), next_cursor=cursor)
     )
 
 
-def _bound_created(flt: pb.MemoryFilter, query: ListQuery) -> None:
+def _created_window(query: ListQuery) -> dict[str, Any]:
     """The list's created_at window (``created_after`` inclusive, ``created_before`` not)."""
     after, before = query.created_after, query.created_before
     if after is not None and before is not None and after >= before:
         raise bad_request(
             "created_after must be earlier than created_before", param="created_after"
         )
-    if query.created_after is not None:
-        flt.created_after.CopyFrom(to_timestamp(query.created_after))
-    if query.created_before is not None:
-        flt.created_before.CopyFrom(to_timestamp(query.created_before))
+    return {"created_after": after, "created_before": before}
 
 
 @router.get("/memories/{memory_id}", response_model=MemoryOut, summary="Get one memory")
@@ -302,28 +311,29 @@ async def search_memories(request: Request, body: SearchMemories) -> JSONRespons
         memory_score_threshold=body.memory_score_threshold,
         memory_mmr_lambda=body.memory_mmr_lambda,
     ).with_defaults(state.settings)
-    search = search_request(tenant=tenant, query=body.query, user_id=body.user, controls=controls)
-    search.kinds.extend(KIND_BY_NAME[k] for k in body.kinds)  # type: ignore[misc]
-    search.include_superseded = body.include_superseded
-    reply = await _rpc("Search", state.retrieval.search(search))
+    query = replace(
+        search_query(tenant=tenant, query=body.query, user_id=body.user, controls=controls),
+        kinds=tuple(body.kinds),
+        include_superseded=body.include_superseded,
+    )
+    result = await state.memories.search(query)
     hits = []
-    for hit in reply.hits:
+    for hit in result.hits:
         flat = hit_json(hit)
         hits.append(
             SearchHit(
                 **_out(hit.memory).model_dump(),
                 score=flat["score"],
-                scope=SCOPE_NAMES.get(hit.scope),
+                scope=hit.scope,
                 scores=flat["scores"],
             )
         )
-    summary = _out(reply.summary) if reply.HasField("summary") and reply.summary.id else None
     return _json(
         SearchResult(
-            outcome=pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_").lower(),
+            outcome=result.outcome,
             hits=hits,
-            summary=summary,
-            profile=[_out(m) for m in reply.profile],
+            summary=_out(result.summary) if result.summary is not None else None,
+            profile=[_out(m) for m in result.profile],
         )
     )
 
@@ -331,37 +341,51 @@ async def search_memories(request: Request, body: SearchMemories) -> JSONRespons
 # --- writing -----------------------------------------------------------------------------
 
 
+def _created_id(tenant: str, rid: str) -> str:
+    """From the request id: a retry with the same X-Request-Id creates nothing new."""
+    return str(uuid.uuid5(ID_NAMESPACE, f"memory.create/{tenant}/{rid}"))
+
+
 @router.post("/memories", status_code=201, response_model=MemoryOut, summary="Create a fact memory")
 async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
     text = _check_text(body.text, state.settings.max_memory_chars)
     _require_bus(state)
+    rid = request_id(request)
+    memory_id = _created_id(tenant, rid)
+    conversation = default_conversation(body.user, body.conversation)
+    tags = list(dict.fromkeys(body.tags))
+    existing = await state.memories.get_one(tenant, memory_id)
+    if existing is not None:
+        if (existing.text, existing.user_id, existing.conversation_id, existing.tags) != (
+            text,
+            body.user,
+            conversation,
+            tags,
+        ):
+            raise GatewayError(
+                409,
+                f"X-Request-Id {rid!r} already created another memory ({memory_id}); use a "
+                "new request id for a new memory.",
+                code="request_id_reused",
+            )
+        return _json(_out(existing), 201)
     created_at = body.created_at or utcnow()
-    memory = pb.Memory(
-        id=str(uuid.uuid4()),
-        tenant=tenant,
-        user_id=body.user,
-        conversation_id=body.conversation,
-        kind=pb.MEMORY_KIND_FACT,
+    memory = MemoryRecord(
+        id=memory_id,
+        kind="fact",
         text=text,
-        tags=list(dict.fromkeys(body.tags)),
-        created_at=to_timestamp(created_at),
-        valid_from=to_timestamp(created_at),
-        metadata={"created_by": CAUSE, "request_id": request_id(request)},
+        user_id=body.user,
+        conversation_id=conversation,
+        tags=tags,
+        created_at=created_at,
+        valid_from=created_at,
+        metadata={"created_by": CAUSE, "request_id": rid},
     )
-    await _rpc("Upsert", state.retrieval.upsert(pb.UpsertRequest(tenant=tenant, memories=[memory])))
-    stored = await _get(state, tenant, memory.id)
-    headers = await _announce(
-        state,
-        [_changed(tenant, stored, "created", deterministic_event_id(stored.id, "created"), [])],
-    )
-    log.info("memory created", memory_id=stored.id, conversation_id=stored.conversation_id)
-    return _json(_out(stored), 201, headers)
-
-
-def _history_id(tenant: str, current: pb.Memory) -> str:
-    version = hashlib.sha256(current.SerializeToString(deterministic=True)).hexdigest()
-    return str(uuid.uuid5(ID_NAMESPACE, f"memory.history/{tenant}/{current.id}/{version}"))
+    (event,) = await apply(state.memories, tenant, [Change(memory, "created", CAUSE)])
+    headers = await _announce(state, [event])
+    log.info("memory created", memory_id=memory_id, conversation_id=conversation)
+    return _json(_out(event.memory), 201, headers)
 
 
 @router.patch(
@@ -385,58 +409,27 @@ async def update_memory(
             f"({current.superseded_by}).",
             code="memory_superseded",
         )
-    text = body.text if body.text is not None else current.text
-    tags = list(dict.fromkeys(body.tags)) if body.tags is not None else list(current.tags)
-    if text == current.text and tags == list(current.tags):
+    new = lifecycle.edited(current, at=utcnow(), cause=CAUSE, text=body.text, tags=body.tags)
+    if (new.text, new.tags) == (current.text, current.tags):
         return _json(_out(current))
     _require_bus(state)
-
-    now = to_timestamp(utcnow())
-    old = pb.Memory()
-    old.CopyFrom(current)
-    old.id = _history_id(tenant, current)
-    old.superseded_by = current.id
-    old.valid_to.CopyFrom(now)
-    if not old.HasField("valid_from"):
-        old.valid_from.CopyFrom(current.created_at)
-    old.metadata["history_of"] = current.id
-    new = pb.Memory()
-    new.CopyFrom(current)
-    new.text = text
-    del new.tags[:]
-    new.tags.extend(tags)
-    new.valid_from.CopyFrom(now)
-    new.ClearField("valid_to")
-    new.metadata["edited_by"] = CAUSE
-    for memory in (old, new):
-        memory.tenant = tenant
-        memory.ClearField("updated_at")  # the service's to set
-        memory.ClearField("embedding_model")
-    await _rpc(
-        "Upsert", state.retrieval.upsert(pb.UpsertRequest(tenant=tenant, memories=[old, new]))
-    )
-    reply = await _rpc(
-        "Get", state.retrieval.get(pb.GetRequest(tenant=tenant, ids=[old.id, new.id]))
-    )
-    stored = {m.id: m for m in reply.memories}
-    old, new = stored.get(old.id, old), stored.get(new.id, new)
-    headers = await _announce(
-        state,
+    now = new.valid_from or utcnow()
+    old = lifecycle.history_version(tenant, current, at=now)
+    events = await apply(
+        state.memories,
+        tenant,
         [
-            _changed(
-                tenant,
-                old,
-                "superseded",
-                deterministic_event_id(old.id, "superseded", new.id),
-                [new.id],
-            ),
-            _changed(
-                tenant, new, "updated", deterministic_event_id(new.id, "updated", old.id), [old.id]
-            ),
+            Change(old, "superseded", CAUSE, (new.id,)),
+            Change(new, "updated", CAUSE, (old.id,)),
         ],
     )
+    if lifecycle.corrects_its_turns(current, new):
+        events += await correct_turns(
+            state.memories, tenant, [current], by=new.id, at=now, cause=CAUSE
+        )
+    headers = await _announce(state, events)
     log.info("memory updated", memory_id=new.id, history_id=old.id)
-    return _json(_out(new), 200, headers)
+    return _json(_out(events[1].memory), 200, headers)
 
 
 @router.delete(
@@ -449,19 +442,13 @@ async def delete_memory(request: Request, memory_id: MemoryIdPath) -> JSONRespon
     memory = await _get(state, tenant, _uuid(memory_id, "memory"))
     _require_bus(state)
     doomed = [memory, *await _history(state, tenant, memory)]
-    reply = await _rpc(
-        "Delete",
-        state.retrieval.delete(pb.DeleteRequest(tenant=tenant, ids=[m.id for m in doomed])),
-    )
-    gone = set(reply.deleted_ids)
-    headers = await _announce(
-        state,
-        [
-            _changed(tenant, m, "deleted", deterministic_event_id(m.id, "deleted", CAUSE), [])
-            for m in doomed
-            if m.id in gone
-        ],
-    )
+    gone = set(await state.memories.delete(tenant, [m.id for m in doomed]))
+    events = [lifecycle.change(tenant, m, "deleted", cause=CAUSE) for m in doomed if m.id in gone]
+    if memory.is_current and lifecycle.corrects_its_turns(memory, None):
+        events += await correct_turns(
+            state.memories, tenant, [memory], by="", at=utcnow(), cause=CAUSE
+        )
+    headers = await _announce(state, events)
     log.info("memory deleted", memory_id=memory.id, with_history=len(doomed) - 1)
     return _json(
         DeletedMemory(id=memory.id, deleted_ids=[m.id for m in doomed if m.id in gone]),
@@ -487,16 +474,18 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
             text, state.settings.max_memory_chars, "text" if len(texts) == 1 else f"text[{index}]"
         )
     rid = request_id(request)
+    conversation = default_conversation(body.user, body.conversation)
     event_ids = []
     try:
         for index, text in enumerate(texts):
             scope = TurnScope(
                 tenant=tenant,
                 user_id=body.user,
-                conversation_id=body.conversation,
-                # From the request id: a retry with the same X-Request-Id is de-duplicated.
-                request_id=f"add/{rid}/{index}",
+                conversation_id=conversation,
+                request_id=rid,
                 model=body.model,
+                # From the request id: a retry with the same X-Request-Id is de-duplicated.
+                key=f"add/{rid}/{index}",
             )
             event = scope.event("user", text, created_at=body.created_at)
             if not state.publisher.is_connected():
@@ -514,7 +503,7 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
             type=SERVICE_UNAVAILABLE,
             code="turn_not_persisted",
         ) from None
-    log.info("memory add accepted", turns=len(event_ids), conversation_id=body.conversation)
+    log.info("memory add accepted", turns=len(event_ids), conversation_id=conversation)
     return _json(Accepted(event_ids=event_ids), 202)
 
 
@@ -543,13 +532,14 @@ async def event_status(
         ) from None
     if status is None:
         raise GatewayError(404, f"No event {event_id}", code="event_not_found")
-    if follow_up is not None and follow_up.status == "applied":
+    if follow_up is not None and follow_up.status != "pending":
         status = follow_up
     return _json(
         EventOut(
             id=event_id,
             status=status.status,
             stage=status.stage if status.status == "pending" else None,
+            reason=status.reason or None,
             accepted_at=status.accepted_at,
             applied_at=status.applied_at,
         )

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-from engram_core.events import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
+from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
 from engram_gateway.controls import ConversationId
 
 Tag = Annotated[
@@ -30,11 +30,19 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_CONVERSATION_DEFAULT = (
+    "With a user: 'default'. Without one: 'global', the tenant-wide bucket recalled for "
+    "every user of the tenant."
+)
+
+
 class CreateMemory(_Request):
     text: str = Field(description="The fact, as it should be recalled.")
     tags: Tags = Field(default_factory=list)
-    user: UserId = Field(default="", description="The user scope (empty: no user).")
-    conversation: ConversationId = Field(default=DEFAULT_CONVERSATION)
+    user: UserId = Field(
+        default="", description="The user it belongs to (empty: no user, tenant-wide)."
+    )
+    conversation: ConversationId | None = Field(default=None, description=_CONVERSATION_DEFAULT)
     created_at: AwareDatetime | None = Field(default=None, description="Default: now.")
 
 
@@ -45,7 +53,9 @@ class UpdateMemory(_Request):
 
 class SearchMemories(_Request):
     query: str = Field(min_length=1)
-    user: UserId = ""
+    user: UserId = Field(
+        default="", description="Whose memories (empty: no user); recall as that user's chat."
+    )
     conversation: ConversationId = DEFAULT_CONVERSATION
     memory_top_k: int | None = Field(default=None, ge=1, le=100)
     memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
@@ -61,8 +71,10 @@ class AddMemories(_Request):
     text: str | Annotated[list[str], Field(min_length=1, max_length=100)] = Field(
         description="One text, or several (each becomes one user turn, in order)."
     )
-    user: UserId = ""
-    conversation: ConversationId = DEFAULT_CONVERSATION
+    user: UserId = Field(
+        default="", description="The user it belongs to (empty: no user, tenant-wide)."
+    )
+    conversation: ConversationId | None = Field(default=None, description=_CONVERSATION_DEFAULT)
     created_at: AwareDatetime | None = Field(default=None, description="Default: now.")
     model: str = Field(
         default="",
@@ -73,12 +85,18 @@ class AddMemories(_Request):
 
 class ListQuery(_Request):
     conversation: ConversationId | None = None
-    user: UserId | None = None
+    user: UserId | None = Field(
+        default=None, description="Only this user's memories ('' selects those with no user)."
+    )
     kind: list[MemoryKindName] = Field(default_factory=list, description="Any of these kinds.")
     tag: list[Tag] = Field(default_factory=list, description="Any of these tags.")
     include_superseded: bool = False
     limit: int = Field(default=50, ge=1, le=500)
-    cursor: str | None = Field(default=None, max_length=2000)
+    cursor: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="next_cursor of the previous page; it carries that page's filters.",
+    )
     created_after: AwareDatetime | None = Field(
         default=None, description="Only memories created at or after this instant."
     )
@@ -146,10 +164,13 @@ class Accepted(BaseModel):
 class EventOut(BaseModel):
     object: Literal["event"] = "event"
     id: str
-    status: Literal["pending", "applied"]
+    status: Literal["pending", "applied", "skipped"] = Field(
+        description="skipped: the text was stored, but no facts were learned from it (reason)."
+    )
     stage: Literal["ingest", "reconcile"] | None = Field(
         description="While pending: indexing + extraction, or reconciling the facts found."
     )
+    reason: str | None = Field(default=None, description="Why it was skipped.")
     accepted_at: datetime | None
     applied_at: datetime | None
 

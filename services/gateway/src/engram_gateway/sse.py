@@ -8,6 +8,7 @@ event and to know whether the reply completed.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 
@@ -66,3 +67,43 @@ class ChatStreamReader:
     def complete(self) -> bool:
         """The reply ended normally: ``[DONE]`` or a finish_reason on the first choice."""
         return self.error is None and (self.done or 0 in self.finished)
+
+
+async def with_first_event_field(
+    chunks: AsyncIterator[bytes], name: str, value: Any
+) -> AsyncIterator[bytes]:
+    """The stream with ``name: value`` added to the JSON of its first chunk event (the
+    gateway's one re-encoded event; official clients keep unknown fields of a chunk and
+    otherwise ignore them). Everything after it passes through byte for byte; a stream
+    whose first event is not a JSON object passes through unchanged."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        normalized = buffer.replace(b"\r\n", b"\n")
+        end = normalized.find(b"\n\n")
+        if end < 0:
+            continue
+        yield _with_field(normalized[: end + 2], name, value) + normalized[end + 2 :]
+        break
+    else:
+        if buffer:
+            yield buffer
+        return
+    async for chunk in chunks:
+        yield chunk
+
+
+def _with_field(event: bytes, name: str, value: Any) -> bytes:
+    lines = event.decode("utf-8", "replace").rstrip("\n").split("\n")
+    data = [line for line in lines if line.startswith("data:")]
+    if len(data) != 1:
+        return event
+    try:
+        payload = json.loads(data[0][5:])
+    except ValueError:
+        return event
+    if not isinstance(payload, dict) or "choices" not in payload:
+        return event
+    payload[name] = value
+    encoded = "data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return ("\n".join(encoded if line is data[0] else line for line in lines) + "\n\n").encode()

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_core.event_status import EventStatusStore
-from engram_core.retrieval_client import RetrievalClient
+from engram_core.memory_port import MemoryPort
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream
@@ -26,7 +26,7 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 @dataclass
 class GatewayState:
     settings: GatewaySettings
-    retrieval: RetrievalClient
+    memories: MemoryPort
     broker: NatsBroker
     publisher: TurnPublisher
     upstream: Upstream

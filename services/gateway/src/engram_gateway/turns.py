@@ -1,15 +1,25 @@
 """Recording turns: ``TurnPersisted`` events on JetStream.
 
-The user turn is published (and acknowledged) before the request goes upstream; if
-that fails the caller gets a 503 and nothing is forwarded. The assistant turn is
-published once the reply is complete. Ids are derived from the request id, so a
-re-publish of the same turn carries the same ``event_id`` (= ``Nats-Msg-Id``) and
-JetStream drops the duplicate.
+A chat's user turn is published (and acknowledged) once the upstream has accepted the
+request and before any of the reply reaches the caller: a request whose upstream call
+failed leaves nothing behind, and a reply is never relayed for a turn that was not
+recorded (no acknowledgement: 503). The assistant turn is published once the reply is
+complete.
+
+A turn's identity comes from what it is, not from the request that carried it: (tenant,
+user, conversation, its position in the client's history, the user's text). A retried
+or repeated request (the openai SDK retries by itself) therefore records the same turn:
+the same ``event_id`` (= ``Nats-Msg-Id``, de-duplicated by JetStream) and the same
+memory id (idempotent in the index after the window). The reply to a given user turn has
+one identity too, so a regenerated reply replaces the earlier one. Texts added through
+``POST /v1/memories/add`` are keyed by the request id instead (a retry with the same
+``X-Request-Id`` is the same text; the same sentence added twice is two statements).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,31 +43,66 @@ class TurnNotPersisted(RuntimeError):
     """JetStream did not acknowledge the turn (NATS down, no stream, timeout)."""
 
 
-def turn_id(tenant: str, request_id: str, role: Role) -> str:
-    return str(uuid.uuid5(ID_NAMESPACE, f"turn/{tenant}/{request_id}/{role}"))
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def event_id_for_turn(turn: str) -> str:
-    return str(uuid.uuid5(ID_NAMESPACE, f"turn.persisted/{turn}"))
+def turn_id(tenant: str, user_id: str, conversation_id: str, key: str, role: Role) -> str:
+    parts = ("turn.v2", tenant, user_id, conversation_id, key, role)
+    return str(uuid.uuid5(ID_NAMESPACE, "\x1f".join(parts)))
+
+
+def event_id_for_turn(turn: str, text: str) -> str:
+    """The text takes part: a regenerated reply (same turn, new text) is a new event."""
+    return str(uuid.uuid5(ID_NAMESPACE, f"turn.persisted/{turn}/{_digest(text)}"))
+
+
+def chat_turn_key(turn_index: int, prompt: str) -> str:
+    """A chat exchange's identity: where the user turn sits in the client's history and
+    what it says."""
+    return f"chat/{turn_index}/{_digest(prompt)}"
 
 
 @dataclass(frozen=True)
 class TurnScope:
-    """Who a request's turns belong to."""
+    """Who a request's turns belong to, and what identifies them (``key``)."""
 
     tenant: str
     user_id: str
     conversation_id: str
     request_id: str
     model: str
+    key: str
     # The user turn's position among the conversation's user/assistant messages in the
     # request (the client's history); the reply is the next one.
     turn_index: int = 0
 
+    @classmethod
+    def chat(
+        cls,
+        *,
+        tenant: str,
+        user_id: str,
+        conversation_id: str,
+        request_id: str,
+        model: str,
+        turn_index: int,
+        prompt: str,
+    ) -> TurnScope:
+        return cls(
+            tenant=tenant,
+            user_id=user_id,
+            conversation_id=conversation_id,
+            request_id=request_id,
+            model=model,
+            key=chat_turn_key(turn_index, prompt),
+            turn_index=turn_index,
+        )
+
     def event(self, role: Role, text: str, *, created_at: datetime | None = None) -> TurnPersisted:
-        tid = turn_id(self.tenant, self.request_id, role)
+        tid = turn_id(self.tenant, self.user_id, self.conversation_id, self.key, role)
         return TurnPersisted(
-            event_id=event_id_for_turn(tid),
+            event_id=event_id_for_turn(tid, text),
             tenant=self.tenant,
             user_id=self.user_id,
             conversation_id=self.conversation_id,

@@ -2,14 +2,19 @@
 
 Given candidate pools (one per scope) and a relevance score per candidate:
 
-1. merge the pools, first occurrence of an id wins (pools come in scope order);
-2. small store: when the pools were not truncated and hold at most
-   ``small_store_size`` memories in all, return them newest first;
-3. drop candidates whose relevance is below ``score_threshold``;
-4. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
+1. merge the pools, first occurrence of an id wins (pools come in scope order), and
+   identical texts of one conversation: the same thing said twice is recalled once;
+2. a turn whose statement was corrected (a fact it gave was superseded or deleted) has
+   its relevance multiplied by ``corrected_weight``: it stops competing with the fact
+   that replaced it;
+3. small store: when the pools were not truncated and hold at most
+   ``small_store_size`` memories in all, return them newest first (corrected turns last);
+4. drop candidates whose relevance is below ``score_threshold``;
+5. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
    ``total = (1 - w) * relevance + w * recency``;
-5. MMR on embedding cosine: repeatedly pick ``argmax λ·total - (1 - λ)·max_sim(selected)``
-   until ``top_k`` are selected; equal objectives go to the smaller id.
+6. MMR on embedding cosine: repeatedly pick ``argmax λ·total - (1 - λ)·max_sim(selected)``
+   until ``top_k`` are selected; equal objectives go to the smaller id;
+7. a current fact is listed before the turns it was extracted from.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from engram_core.memory import ScopeName
+
 SECONDS_PER_DAY = 86_400.0
 
 
@@ -31,6 +38,7 @@ class Outcome(enum.Enum):
     SMALL_STORE = "small_store"
     NOTHING_RELEVANT = "nothing_relevant"
     EMPTY = "empty"
+    OVERVIEW = "overview"  # a question about memory itself (pipeline.py), not ranked here
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class RankingParams:
     half_life_days: float = 30.0
     small_store_size: int = 5
     candidate_multiplier: int = 5
+    corrected_weight: float = 0.5
 
     @property
     def pool_size(self) -> int:
@@ -53,13 +62,20 @@ class RankingParams:
 @dataclass
 class Candidate:
     id: str
-    scope: str  # conversation | user | global
+    scope: ScopeName
     dense: float  # cosine of query and memory embeddings
     vector: np.ndarray
     created_at: datetime
     text: str = ""
     sparse: float | None = None  # BM25 score, when the lexical source found it
     payload: Any = None  # carried through untouched
+    kind: str = ""
+    #: (user, conversation): identical texts are merged within one owner only
+    owner: tuple[str, str] = ("", "")
+    #: a fact's source turns (it is listed before them)
+    source_ids: tuple[str, ...] = ()
+    #: a turn whose statement was later corrected
+    corrected: bool = False
 
 
 @dataclass
@@ -232,6 +248,50 @@ def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:
     return merged
 
 
+def normalized_text(text: str) -> str:
+    """Whitespace collapsed, case folded: how two texts are judged identical."""
+    return " ".join(text.split()).casefold()
+
+
+def merge_identical(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Keep the first candidate of each (owner, kind, text): a statement stored more than
+    once in one conversation (said twice, or recorded twice before turn ids were derived
+    from content) is recalled once. Candidates without text are never merged."""
+    seen: set[tuple[tuple[str, str], str, str]] = set()
+    kept: list[Candidate] = []
+    for candidate in candidates:
+        text = normalized_text(candidate.text)
+        key = (candidate.owner, candidate.kind, text)
+        if text and key in seen:
+            continue
+        seen.add(key)
+        kept.append(candidate)
+    return kept
+
+
+def demoted(relevance: np.ndarray, candidates: Sequence[Candidate], weight: float) -> np.ndarray:
+    """Relevance with each corrected turn's value multiplied by ``weight``."""
+    factors = np.array([weight if c.corrected else 1.0 for c in candidates], dtype=np.float64)
+    return np.asarray(relevance, dtype=np.float64) * factors
+
+
+def facts_before_sources(hits: list[ScoredCandidate]) -> list[ScoredCandidate]:
+    """Move each fact ahead of the first of its source turns listed before it, so the
+    statement distilled from a turn (and current) is read before the raw turn."""
+    ordered = list(hits)
+    for hit in hits:
+        sources = set(hit.candidate.source_ids)
+        if not sources:
+            continue
+        at = ordered.index(hit)
+        first_source = next(
+            (i for i, h in enumerate(ordered[:at]) if h.candidate.id in sources), None
+        )
+        if first_source is not None:
+            ordered.insert(first_source, ordered.pop(at))
+    return ordered
+
+
 def pools_complete(pools: Sequence[Sequence[Candidate]], pool_size: int) -> bool:
     """True when no pool hit its limit, i.e. the pools hold every memory in scope."""
     return all(len(pool) < pool_size for pool in pools)
@@ -301,6 +361,7 @@ def rank(
     rel = np.asarray(relevance, dtype=np.float64)
     if rel.shape != (n,):
         raise ValueError(f"need one relevance per candidate ({n}), got shape {rel.shape}")
+    rel = demoted(rel, candidates, params.corrected_weight)
     rec = recency([c.created_at for c in candidates], now, params.half_life_days)
     tot = total_score(rel, rec, params.recency_weight)
 
@@ -309,9 +370,11 @@ def rank(
 
     if complete and n <= params.small_store_size:
         newest_first = sorted(
-            range(n), key=lambda i: (candidates[i].created_at, candidates[i].id), reverse=True
+            range(n),
+            key=lambda i: (not candidates[i].corrected, candidates[i].created_at, candidates[i].id),
+            reverse=True,
         )
-        hits = [scored(i) for i in newest_first[: params.top_k]]
+        hits = facts_before_sources([scored(i) for i in newest_first[: params.top_k]])
         return RankingResult(Outcome.SMALL_STORE, hits, considered=n)
 
     keep = np.flatnonzero(threshold_mask(rel, params.score_threshold))
@@ -321,5 +384,5 @@ def rank(
     keep = keep[np.argsort([candidates[i].id for i in keep], kind="stable")]
     vectors = np.stack([np.asarray(candidates[i].vector, dtype=np.float64) for i in keep])
     picked = mmr_select(tot[keep], vectors, params.mmr_lambda, params.top_k)
-    hits = [scored(int(keep[j]), mmr) for j, mmr in picked]
+    hits = facts_before_sources([scored(int(keep[j]), mmr) for j, mmr in picked])
     return RankingResult(Outcome.RANKED, hits, considered=n)

@@ -70,6 +70,7 @@ def ranking_defaults(settings: RetrievalSettings) -> RankingParams:
         half_life_days=settings.recency_half_life_days,
         small_store_size=settings.small_store_size,
         candidate_multiplier=settings.candidate_multiplier,
+        corrected_weight=settings.search_corrected_weight,
     )
 
 
@@ -122,6 +123,7 @@ async def build_server(
             ranking_defaults(settings),
             candidates=settings.search_candidates,
             first_person_expansion=settings.search_first_person_expansion,
+            overview_limit=settings.search_overview_limit,
             tracer=tracer,
             clock=clock,
         )

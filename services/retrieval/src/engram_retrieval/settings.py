@@ -112,6 +112,21 @@ class RetrievalSettings(EngramSettings):
         description="Candidates fetched per scope and source: top_k * this (late "
         "interaction re-orders a deep pool; docs/benchmarks.md).",
     )
+    search_corrected_weight: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Relevance multiplier of a turn whose statement was corrected (a fact it "
+        "gave was superseded or deleted): it stops competing with the current fact "
+        "(docs/retrieval.md, 'Corrections').",
+    )
+    search_overview_limit: int = Field(
+        default=20,
+        ge=1,
+        le=100,
+        description="Facts returned for a question about memory itself ('what do you know "
+        "about me?') when the request sets no top_k.",
+    )
     search_candidates: Literal["hybrid", "dense", "lexical"] = Field(
         default="hybrid",
         description="Candidate sources per scope: hybrid (dense + BM25), dense only, or "

@@ -20,8 +20,9 @@ from __future__ import annotations
 import grpc
 from pydantic import Field
 
-from engram_core.events import MemoryChanged, MemoryEdited, MemoryRecord, deterministic_event_id
+from engram_core.events import MemoryChanged, MemoryEdited, deterministic_event_id
 from engram_core.logging import get_logger
+from engram_core.memory import MemoryRecord
 from engram_core.memory_record import record_from_pb, record_to_pb
 from engram_core.proto import pb
 from engram_workers.runtime import Delivery, WorkerSettings, WorkerSpec, rpc_failure, run_worker

@@ -14,13 +14,9 @@ from datetime import datetime
 
 import grpc
 
-from engram_core.events import (
-    FactProposed,
-    ProposedProfileFact,
-    TurnPersisted,
-    deterministic_event_id,
-)
+from engram_core.events import FactProposed, TurnPersisted, deterministic_event_id
 from engram_core.logging import get_logger
+from engram_core.memory import ProposedProfileFact
 from engram_core.proto import from_timestamp, pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_workers import tasks

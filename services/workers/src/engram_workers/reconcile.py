@@ -39,15 +39,9 @@ import grpc
 from pydantic import Field
 
 from engram_core.event_status import EventStatusStore
-from engram_core.events import (
-    DEFAULT_CONVERSATION,
-    FactProposed,
-    MemoryChanged,
-    MemoryChangeOp,
-    ProposedProfileFact,
-    deterministic_event_id,
-)
+from engram_core.events import FactProposed, MemoryChanged, MemoryChangeOp, deterministic_event_id
 from engram_core.logging import get_logger
+from engram_core.memory import DEFAULT_CONVERSATION, ProposedProfileFact
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import pb, to_timestamp
 from engram_workers import tasks

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engram_core.events import ProposedProfileFact
+from engram_core.memory import ProposedProfileFact
 
 EXTRACT_FACTS = "extract_facts"
 RECONCILE = "reconcile"

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from watchfiles import Change, awatch
 
-from engram_core.events import Event, MemoryEdited, MemoryRecord, deterministic_event_id
+from engram_core.events import Event, MemoryEdited, deterministic_event_id
 from engram_core.logging import get_logger
+from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import (
     DELETED_DIR,
     MirrorFormatError,

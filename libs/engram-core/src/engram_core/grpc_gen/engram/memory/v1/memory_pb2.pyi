@@ -33,6 +33,7 @@ class SearchOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEARCH_OUTCOME_SMALL_STORE: _ClassVar[SearchOutcome]
     SEARCH_OUTCOME_NOTHING_RELEVANT: _ClassVar[SearchOutcome]
     SEARCH_OUTCOME_EMPTY: _ClassVar[SearchOutcome]
+    SEARCH_OUTCOME_OVERVIEW: _ClassVar[SearchOutcome]
 
 class UpsertStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -55,6 +56,7 @@ SEARCH_OUTCOME_RANKED: SearchOutcome
 SEARCH_OUTCOME_SMALL_STORE: SearchOutcome
 SEARCH_OUTCOME_NOTHING_RELEVANT: SearchOutcome
 SEARCH_OUTCOME_EMPTY: SearchOutcome
+SEARCH_OUTCOME_OVERVIEW: SearchOutcome
 UPSERT_STATUS_UNSPECIFIED: UpsertStatus
 UPSERT_STATUS_CREATED: UpsertStatus
 UPSERT_STATUS_UPDATED: UpsertStatus
@@ -226,12 +228,16 @@ class UpsertRequest(_message.Message):
     def __init__(self, tenant: _Optional[str] = ..., memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ...) -> None: ...
 
 class UpsertResult(_message.Message):
-    __slots__ = ("id", "status")
+    __slots__ = ("id", "status", "created_at", "updated_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     status: UpsertStatus
-    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[UpsertStatus, str]] = ...) -> None: ...
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., status: _Optional[_Union[UpsertStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class UpsertResponse(_message.Message):
     __slots__ = ("results",)

@@ -1,8 +1,13 @@
-"""Recall for one chat request: search the retrieval service, render what it found as
-one system message, and describe the hits for the response.
+"""Recall for one chat request: search memory through the retrieval port, render what it
+found as one system message, and describe the hits for the response.
 
 Retrieval failing never fails the chat: the request goes on without memory and the
 response says so (``X-Engram-Memory: unavailable``).
+
+What the model reads: dated lines it can weigh, the conversation summary and the user's
+profile attached separately, a small store said to be complete, "nothing relevant" said
+out loud, an overview ("what do you know about me?") headed as one, and a statement the
+user later corrected marked as such, so it is read as history and not as the truth.
 """
 
 from __future__ import annotations
@@ -13,11 +18,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import grpc
-
+from engram_core.lifecycle import CORRECTED_AT, is_corrected
 from engram_core.logging import get_logger
-from engram_core.proto import SCOPE_NAMES, from_timestamp, kind_name, pb
-from engram_core.retrieval_client import RetrievalClient
+from engram_core.memory import MemoryRecord, SearchHit, SearchQuery, SearchResult
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_gateway.controls import MemoryControls
 
 log = get_logger(__name__)
@@ -74,7 +78,7 @@ def latest_user_index(messages: list[Any]) -> int | None:
 def conversation_position(messages: list[Any], index: int | None) -> int:
     """How many user/assistant messages come before ``messages[index]``: the turn's
     position in the conversation as the client's history shows it (0 when unknown).
-    Lets retrieval tell which stored turns are neighbours."""
+    Part of the turn's identity, and lets retrieval tell which turns are neighbours."""
     if index is None:
         return 0
     return sum(
@@ -92,26 +96,21 @@ def inject(messages: list[Any], index: int, system_message: dict[str, Any]) -> l
 # --- searching -----------------------------------------------------------------------
 
 
-def search_request(
-    *, tenant: str, query: str, user_id: str, controls: MemoryControls
-) -> pb.SearchRequest:
-    """Only the knobs someone set are sent; retrieval applies its defaults to the rest."""
-    request = pb.SearchRequest(
-        tenant=tenant, query=query, user_id=user_id, conversation_id=controls.conversation_id
-    )
-    if controls.memory_top_k is not None:
-        request.top_k = controls.memory_top_k
-    if controls.memory_recency_weight is not None:
-        request.recency_weight = controls.memory_recency_weight
-    if controls.memory_score_threshold is not None:
-        request.score_threshold = controls.memory_score_threshold
-    if controls.memory_mmr_lambda is not None:
-        request.mmr_lambda = controls.memory_mmr_lambda
-    if controls.memory_cross_session is False:
+def search_query(*, tenant: str, query: str, user_id: str, controls: MemoryControls) -> SearchQuery:
+    """The recall a request asks for; unset knobs take retrieval's defaults."""
+    return SearchQuery(
+        tenant=tenant,
+        text=query,
+        user_id=user_id,
+        conversation_id=controls.conversation_id,
+        top_k=controls.memory_top_k,
+        recency_weight=controls.memory_recency_weight,
+        score_threshold=controls.memory_score_threshold,
+        mmr_lambda=controls.memory_mmr_lambda,
         # Empty scopes mean retrieval's default (conversation, user, global); naming
         # them leaves out the user's other conversations.
-        request.scopes.extend([pb.SCOPE_CONVERSATION, pb.SCOPE_GLOBAL])
-    return request
+        scopes=("conversation", "global") if controls.memory_cross_session is False else (),
+    )
 
 
 def normalized(text: str) -> str:
@@ -119,23 +118,27 @@ def normalized(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def drop_in_window(response: pb.SearchResponse, messages: Sequence[Any]) -> int:
+def drop_in_window(result: SearchResult, messages: Sequence[Any]) -> int:
     """Remove the hits whose text is already a message of the request (the client's
-    history is the short-term window: re-injecting it only repeats it). Returns how many
-    were dropped."""
-    window = {normalized(message_text(m)) for m in messages}
-    window.discard("")
-    kept = [hit for hit in response.hits if normalized(hit.memory.text) not in window]
-    dropped = len(response.hits) - len(kept)
-    if dropped:
-        del response.hits[:]
-        response.hits.extend(kept)
+    history is the short-term window: re-injecting it only repeats it), and any hit
+    repeating an earlier hit's text. Returns how many were dropped."""
+    seen = {normalized(message_text(m)) for m in messages}
+    seen.discard("")
+    kept: list[SearchHit] = []
+    for hit in result.hits:
+        text = normalized(hit.memory.text)
+        if text and text in seen:
+            continue
+        seen.add(text)
+        kept.append(hit)
+    dropped = len(result.hits) - len(kept)
+    result.hits = kept
     return dropped
 
 
 async def recall(
-    client: RetrievalClient,
-    request: pb.SearchRequest,
+    memories: MemoryPort,
+    query: SearchQuery,
     *,
     messages: Sequence[Any] = (),
     now: datetime | None = None,
@@ -143,18 +146,18 @@ async def recall(
     """Search and render. ``messages``: the request's messages; hits repeating one of
     them are not injected (nor reported in ``memory_hits``)."""
     try:
-        response = await client.search(request)
-    except grpc.aio.AioRpcError as exc:
+        result = await memories.search(query)
+    except RetrievalError as exc:
         log.warning(
             "memory unavailable, chat goes on without it",
-            code=exc.code().name,
-            details=exc.details(),
-            retrieval=client.address,
+            code=exc.code.name,
+            details=exc.details,
+            retrieval=memories.client.address,
         )
         return Recall(MemoryStatus.UNAVAILABLE)
-    dropped = drop_in_window(response, messages)
-    hits = [hit_json(hit) for hit in response.hits]
-    text = render_memory(response, now=now or datetime.now(UTC), in_window=dropped)
+    dropped = drop_in_window(result, messages)
+    hits = [hit_json(hit) for hit in result.hits]
+    text = render_memory(result, now=now or datetime.now(UTC), in_window=dropped)
     if text is None:
         return Recall(MemoryStatus.EMPTY, hits=hits)
     return Recall(MemoryStatus.USED, {"role": "system", "content": text}, hits)
@@ -168,25 +171,24 @@ def _r(value: float) -> float:
     return round(float(value), 6)
 
 
-def _iso(ts: Any) -> str | None:
-    value = from_timestamp(ts)
+def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-def hit_json(hit: pb.SearchHit) -> dict[str, Any]:
-    """One entry of ``memory_hits`` in a non-streaming response."""
+def hit_json(hit: SearchHit) -> dict[str, Any]:
+    """One entry of ``memory_hits``."""
     memory, scores = hit.memory, hit.scores
     entry: dict[str, Any] = {
         "id": memory.id,
         "text": memory.text,
-        "kind": kind_name(memory.kind),
+        "kind": memory.kind,
         "score": _r(scores.total),
         "created_at": _iso(memory.created_at),
-        "scope": SCOPE_NAMES.get(hit.scope),
+        "scope": hit.scope,
         "conversation_id": memory.conversation_id,
         "scores": {
             "dense": _r(scores.dense),
-            "sparse": _r(scores.sparse) if scores.HasField("sparse") else None,
+            "sparse": _r(scores.sparse) if scores.sparse is not None else None,
             "relevance": _r(scores.relevance),
             "recency": _r(scores.recency),
             "total": _r(scores.total),
@@ -195,40 +197,53 @@ def hit_json(hit: pb.SearchHit) -> dict[str, Any]:
     }
     if memory.role:
         entry["role"] = memory.role
+    if is_corrected(memory.metadata):
+        entry["corrected_at"] = memory.metadata[CORRECTED_AT]
     return entry
 
 
-def _day(ts: Any) -> str:
-    value = from_timestamp(ts)
+def _day(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d") if value else "undated"
 
 
-def _hit_line(number: int, memory: pb.Memory) -> str:
-    kind = kind_name(memory.kind)
-    if memory.kind == pb.MEMORY_KIND_TURN:
+def _corrected_day(memory: MemoryRecord) -> str:
+    return memory.metadata.get(CORRECTED_AT, "")[:10] or "later"
+
+
+def _hit_line(number: int, memory: MemoryRecord) -> str:
+    if memory.kind == "turn":
         label = f"{memory.role or 'someone'} said"
-    elif memory.kind == pb.MEMORY_KIND_EPISODE and memory.HasField("turn_range"):
-        label = f"episode (turns {memory.turn_range.first_turn}-{memory.turn_range.last_turn})"
+        if is_corrected(memory.metadata):
+            label += f" (earlier; corrected on {_corrected_day(memory)}, do not rely on it)"
+    elif memory.kind == "episode" and memory.turn_range is not None:
+        label = f"episode (turns {memory.turn_range[0]}-{memory.turn_range[1]})"
+    elif memory.kind == "summary":
+        label = f"summary of conversation {memory.conversation_id!r}"
     else:
-        label = kind
+        label = memory.kind
     text = " ".join(memory.text.split())
     return f"{number}. [{_day(memory.created_at)}] {label}: {text}"
 
 
-def _profile_line(memory: pb.Memory) -> str:
-    if memory.HasField("profile") and memory.profile.key:
+def _profile_line(memory: MemoryRecord) -> str:
+    if memory.profile is not None:
         entry = memory.profile
         prefix = f"{entry.category}/{entry.key}" if entry.category else entry.key
         return f"- {prefix}: {entry.value or memory.text}"
     return f"- {' '.join(memory.text.split())}"
 
 
-def _hits_heading(response: pb.SearchResponse, in_window: int) -> str:
-    if response.outcome != pb.SEARCH_OUTCOME_SMALL_STORE:
+def _hits_heading(result: SearchResult, in_window: int) -> str:
+    if result.outcome == "overview":
+        return (
+            "Everything remembered about this user (current facts, newest first, then "
+            "conversation summaries):"
+        )
+    if result.outcome != "small_store":
         return "Relevant memories (most relevant first):"
     # Few memories in scope: retrieval returned all of them (up to top_k), newest first.
-    shown = len(response.hits)
-    stored = max(response.candidates_considered, shown + in_window)
+    shown = len(result.hits)
+    stored = max(result.candidates_considered, shown + in_window)
     if shown + in_window < stored:
         return f"The {shown} newest of the {stored} stored memories:"
     if in_window:
@@ -239,19 +254,14 @@ def _hits_heading(response: pb.SearchResponse, in_window: int) -> str:
     return f"All {shown} stored memories, newest first (there are no others):"
 
 
-def render_memory(response: pb.SearchResponse, *, now: datetime, in_window: int = 0) -> str | None:
+def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) -> str | None:
     """The injected system message, or None when there is nothing to say.
-
-    Compact and explicit: dated lines the model can weigh, the summary and profile
-    attached separately, a small store said to be complete, and "nothing relevant" said
-    out loud so the model does not mistake silence for "I never knew". ``in_window``:
-    hits left out because the request already holds them.
-    """
-    has_summary = response.HasField("summary") and bool(response.summary.text.strip())
-    profile = [m for m in response.profile if m.text.strip() or m.profile.key]
-    hits = list(response.hits)
-    nothing_relevant = response.outcome == pb.SEARCH_OUTCOME_NOTHING_RELEVANT
-    if not (has_summary or profile or hits or nothing_relevant):
+    ``in_window``: hits left out because the request already holds them."""
+    summary = result.summary if result.summary and result.summary.text.strip() else None
+    profile = [m for m in result.profile if m.text.strip() or m.profile is not None]
+    hits = list(result.hits)
+    nothing_relevant = result.outcome == "nothing_relevant"
+    if not (summary or profile or hits or nothing_relevant):
         return None
 
     lines = [
@@ -259,16 +269,15 @@ def render_memory(response: pb.SearchResponse, *, now: datetime, in_window: int 
         "Use it when it helps; the current conversation takes precedence if they disagree.",
         f"Today is {now.astimezone(UTC).strftime('%Y-%m-%d')}.",
     ]
-    if has_summary:
-        summary = response.summary
-        as_of = _day(summary.updated_at if summary.HasField("updated_at") else summary.created_at)
+    if summary is not None:
+        as_of = _day(summary.updated_at or summary.created_at)
         lines += ["", f"Conversation summary (as of {as_of}):", summary.text.strip()]
     if profile:
         lines += ["", "About the user:", *(_profile_line(m) for m in profile)]
     if hits:
         lines += [
             "",
-            _hits_heading(response, in_window),
+            _hits_heading(result, in_window),
             *(_hit_line(i, hit.memory) for i, hit in enumerate(hits, start=1)),
         ]
     elif nothing_relevant:
