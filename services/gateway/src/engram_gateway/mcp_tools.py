@@ -56,6 +56,16 @@ ConversationArg = Annotated[
         "sets none.",
     ),
 ]
+NewConversationArg = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=200,
+        description="The conversation it belongs to (the chat's `memory_id`). Unset: "
+        "'default' for a user; without a user, 'global', the tenant-wide memory every "
+        "user's chats recall.",
+    ),
+]
 MemoryIdArg = Annotated[
     str, Field(min_length=1, max_length=64, description="The memory's id (a UUID).")
 ]
@@ -192,7 +202,12 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
     async def list_memories(
         ctx: Context,
         user: Annotated[
-            str | None, Field(max_length=256, description="Only this user's memories.")
+            str | None,
+            Field(
+                max_length=256,
+                description="Only this user's memories ('' for those without a user); "
+                "unset: any user.",
+            ),
         ] = None,
         conversation: Annotated[
             str | None, Field(max_length=200, description="Only this conversation's memories.")
@@ -274,7 +289,6 @@ async def _profile(api: GatewayApi, ctx: Context | None, user: str) -> dict[str,
     entries = [
         {"id": m["id"], **(m.get("profile") or {"value": m["text"]}), "updated_at": m["updated_at"]}
         for m in listed["data"]
-        if m["user_id"] == user
     ]
     return {"object": "profile", "user": user, "entries": entries}
 
@@ -301,7 +315,7 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         ],
         ctx: Context,
         user: UserArg = "",
-        conversation: ConversationArg = "default",
+        conversation: NewConversationArg = None,
         wait_seconds: Annotated[
             float,
             Field(
@@ -316,7 +330,7 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         extracted from it and reconciled with what is known (a correction replaces the
         old fact, which is kept as history). Asynchronous: returns `event_ids` and each
         event's `status` (`pending`, then `applied` once the facts are searchable)."""
-        body = {"text": text, "user": user, "conversation": conversation}
+        body = _without_none({"text": text, "user": user, "conversation": conversation})
         accepted = await _call(api, ctx, "POST", "/v1/memories/add", body=body)
         events = await _event_statuses(api, ctx, accepted["event_ids"], wait_seconds)
         done = all(e["status"] == "applied" for e in events)
@@ -334,12 +348,14 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         ],
         ctx: Context,
         user: UserArg = "",
-        conversation: ConversationArg = "default",
+        conversation: NewConversationArg = None,
         tags: TagsArg | None = None,
     ) -> dict[str, Any]:
         """Store one fact verbatim (no extraction, no reconciliation): it is searchable
         at once. Returns the new memory with its `id`."""
-        body = {"text": text, "user": user, "conversation": conversation, "tags": tags or []}
+        body = _without_none(
+            {"text": text, "user": user, "conversation": conversation, "tags": tags or []}
+        )
         return await _call(api, ctx, "POST", "/v1/memories", body=body)
 
     @server.tool(
@@ -358,7 +374,7 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         """Correct a memory's text and/or tags. The id keeps naming the current version;
         the previous one is kept as history (see get_memory's include_history). Only the
         current version of a memory can be edited."""
-        body = {k: v for k, v in (("text", text), ("tags", tags)) if v is not None}
+        body = _without_none({"text": text, "tags": tags})
         return await _call(api, ctx, "PATCH", f"/v1/memories/{memory_id}", body=body)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
@@ -366,6 +382,11 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         """Forget a memory for good, together with its history versions. Returns
         `deleted_ids`."""
         return await _call(api, ctx, "DELETE", f"/v1/memories/{memory_id}")
+
+
+def _without_none(body: dict[str, Any]) -> dict[str, Any]:
+    """Only what the agent set: the API applies its own defaults to the rest."""
+    return {k: v for k, v in body.items() if v is not None}
 
 
 async def _event_statuses(
@@ -418,13 +439,12 @@ def _add_resources(server: MCPServer, api: GatewayApi) -> None:
 
 
 async def _summary(api: GatewayApi, ctx: Context, user: str, conversation: str) -> str:
-    params = {"conversation": conversation, "user": user or None, "kind": ["summary"]}
+    params = {"conversation": conversation, "user": user, "kind": ["summary"], "limit": 1}
     try:
-        listed = await api.call(ctx, "GET", "/v1/memories", params={**params, "limit": 50})
+        listed = await api.call(ctx, "GET", "/v1/memories", params=params)
     except GatewayCallError as exc:
         raise ResourceError(str(exc)) from None
-    for memory in listed["data"]:
-        if memory["user_id"] == user:
-            return str(memory["text"])
+    if listed["data"]:
+        return str(listed["data"][0]["text"])
     owner = f"user {user!r}" if user else "no user"
     raise ResourceError(f"No summary yet for conversation {conversation!r} of {owner}.")

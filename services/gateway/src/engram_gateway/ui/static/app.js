@@ -98,7 +98,7 @@ async function api(method, path, { params = {}, body, key = auth.key } = {}) {
   const url = new URL(path, window.location.origin);
   for (const [name, value] of Object.entries(params)) {
     for (const one of Array.isArray(value) ? value : [value]) {
-      if (one !== "" && one !== null && one !== undefined) url.searchParams.append(name, one);
+      if (one !== null && one !== undefined) url.searchParams.append(name, one);
     }
   }
   const headers = { Accept: "application/json" };
@@ -246,13 +246,15 @@ const browse = { cursors: [""], page: 0, user: null };
 function filterParams() {
   const form = $("filter-form");
   const data = new FormData(form);
+  const given = (name) => data.get(name).trim() || undefined;
   const params = {
-    user: data.get("user").trim(),
-    conversation: data.get("conversation").trim(),
-    tag: data.get("tag").trim(),
+    // "" (memories without a user) only when picked in the list; an empty field: any user
+    user: browse.user === "" ? "" : given("user"),
+    conversation: given("conversation"),
+    tag: given("tag"),
     kind: data.getAll("kind"),
     limit: data.get("limit"),
-    include_superseded: data.get("superseded") ? "true" : "",
+    include_superseded: data.get("superseded") ? "true" : undefined,
   };
   if (data.get("from")) params.created_after = `${data.get("from")}T00:00:00Z`;
   if (data.get("until")) {
@@ -264,7 +266,6 @@ function filterParams() {
 }
 
 // The user picked in the list: null (every user), "" (memories without a user) or an id.
-// The list API reads an empty user as "any user", so "" is narrowed on the page itself.
 async function loadUsers() {
   const users = await api("GET", "/v1/users", { params: { limit: 200 } });
   $("user-list").replaceChildren(
@@ -325,12 +326,11 @@ function restartPaging() {
 }
 
 async function loadMemories() {
-  const params = { ...filterParams(), cursor: browse.cursors[browse.page] };
+  const params = { ...filterParams(), cursor: browse.cursors[browse.page] || undefined };
   const page = await api("GET", "/v1/memories", { params });
-  const shown = browse.user === "" ? page.data.filter((m) => m.user_id === "") : page.data;
   const list = $("memory-list");
-  list.replaceChildren(...shown.map(memoryItem));
-  if (!shown.length) list.append(h("p", { class: "hint" }, "No memories match."));
+  list.replaceChildren(...page.data.map(memoryItem));
+  if (!page.data.length) list.append(h("p", { class: "hint" }, "No memories match."));
   if (page.has_more) browse.cursors[browse.page + 1] = page.next_cursor;
   browse.cursors.length = browse.page + (page.has_more ? 2 : 1);
   $("page-older").disabled = !page.has_more;
@@ -615,10 +615,9 @@ async function loadProfile(event) {
     api("GET", "/v1/memories", { params: { user, kind: "profile", limit: 500 } }),
     api("GET", "/v1/memories", { params: { user, kind: ["summary", "episode"], limit: 100 } }),
   ]);
-  const mine = (memory) => memory.user_id === user;
   fillTable(
     $("profile-table"),
-    profile.data.filter(mine).map((memory) => {
+    profile.data.map((memory) => {
       const entry = memory.profile || { category: "", key: "", value: memory.text, confidence: null };
       return h(
         "tr",
@@ -633,7 +632,7 @@ async function loadProfile(event) {
   );
   const list = $("summary-list");
   list.replaceChildren(
-    ...summaries.data.filter(mine).map((memory) =>
+    ...summaries.data.map((memory) =>
       h(
         "li",
         { class: "item" },
@@ -674,7 +673,7 @@ async function loadOperator() {
 
 async function loadDeadLetters(event) {
   if (event) event.preventDefault();
-  const params = { worker: $("d-worker").value.trim(), limit: $("d-limit").value || 50 };
+  const params = { worker: $("d-worker").value.trim() || undefined, limit: $("d-limit").value || 50 };
   const letters = await api("GET", "/v1/admin/dead-letters", { params });
   fillTable(
     $("dead-table"),
