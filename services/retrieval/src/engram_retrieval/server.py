@@ -169,7 +169,7 @@ async def serve(settings: RetrievalSettings) -> None:
             "retrieval listening",
             address=running.address,
             store=settings.store_kind,
-            scorer=running.servicer.scorer.name,
+            scorer=running.servicer.pipeline.scorer.name,
             embedding_model=running.servicer.embedder.model_id,
         )
         stop = asyncio.Event()
