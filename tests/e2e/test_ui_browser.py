@@ -151,6 +151,7 @@ async def test_sign_in_search_history_edit_delete(
 
     # delete it (after a confirmation), history included
     await page.locator("#search-hits li").filter(has_text="hojicha").get_by_role("link").click()
+    await expect(page.locator("#memory-text")).to_have_text("User's favourite tea is hojicha.")
     await page.get_by_role("button", name="Delete…").click()
     await page.get_by_role("button", name="Delete for good").click()
     await expect(page.locator("#status")).to_contain_text("Deleted 3 memories")

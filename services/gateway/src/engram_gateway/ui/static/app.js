@@ -425,6 +425,14 @@ const FIELD_ORDER = [
 let current = null;
 
 async function loadMemory(id) {
+  // Nothing of the memory shown before stays usable while this one loads.
+  current = null;
+  $("memory-text").textContent = "Loading…";
+  $("memory-fields").replaceChildren();
+  $("delete-confirm").hidden = true;
+  for (const input of $("edit-form").elements) input.disabled = true;
+  $("history-list").replaceChildren();
+  $("source-list").replaceChildren();
   current = await api("GET", `/v1/memories/${encodeURIComponent(id)}`);
   $("memory-title").textContent = `Memory · ${current.kind}`;
   $("memory-text").textContent = current.text;
