@@ -70,7 +70,7 @@ MemoryIdArg = Annotated[
     str, Field(min_length=1, max_length=64, description="The memory's id (a UUID).")
 ]
 TagsArg = Annotated[
-    list[str],
+    list[str] | None,
     Field(max_length=32, description="Labels to file the memory under (1-64 characters each)."),
 ]
 
@@ -349,7 +349,7 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         ctx: Context,
         user: UserArg = "",
         conversation: NewConversationArg = None,
-        tags: TagsArg | None = None,
+        tags: TagsArg = None,
     ) -> dict[str, Any]:
         """Store one fact verbatim (no extraction, no reconciliation): it is searchable
         at once. Returns the new memory with its `id`."""
