@@ -25,6 +25,13 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextResourceContents
 
+from engram_testing.browser import (
+    SCREENSHOTS_ENV,
+    chromium_or_skip,
+    screenshot_dir,
+    screenshot_transcript,
+)
+
 from .conftest import TOOLS_KEY_A, TOOLS_KEY_B, TwoTenantStack, read_spans, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -58,11 +65,44 @@ def over_stdio(stack: TwoTenantStack, key: str) -> Client:
     return Client(StdioServerParameters(command=str(engram), args=["mcp"], env=env))
 
 
+#: (call, answer) pairs of the stdio session, for the picture in the docs.
+TRANSCRIPT: list[tuple[str, str]] = []
+
+
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     result = await client.call_tool(tool, arguments)
     assert not result.is_error, (tool, result.content)
     assert isinstance(result.structured_content, dict)
+    TRANSCRIPT.append((f"{tool}({json.dumps(arguments)})", brief(result.structured_content)))
     return result.structured_content
+
+
+def brief(answer: dict[str, Any]) -> str:
+    """The answer as an agent reads it, shortened for the picture: the bulky fields of
+    each memory and all but the first item of each list left out."""
+    bulky = {
+        "metadata",
+        "updated_at",
+        "valid_from",
+        "valid_to",
+        "source_id",
+        "turn_index",
+        "turn_range",
+        "role",
+        "object",
+        "source_turn_ids",
+        "superseded_by",
+        "profile",
+    }
+
+    def trim(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: trim(v) for k, v in value.items() if k not in bulky}
+        if isinstance(value, list):
+            return [trim(v) for v in value[:1]] + (["…"] if len(value) > 1 else [])
+        return value
+
+    return json.dumps(trim(answer), indent=1, ensure_ascii=False)
 
 
 async def refused(client: Client, tool: str, **arguments: Any) -> str:
@@ -115,6 +155,7 @@ async def test_learning_over_stdio_then_profile_and_summary_resources(
     two_tenant_stack: TwoTenantStack,
 ) -> None:
     scope = {"user": "mcp-carol", "conversation": "mcp-stdio"}
+    TRANSCRIPT.clear()
     async with over_stdio(two_tenant_stack, TOOLS_KEY_A) as a:
         added = await call(
             a, "add_memory", text="I am allergic to cashews.", wait_seconds=45, **scope
@@ -145,6 +186,13 @@ async def test_learning_over_stdio_then_profile_and_summary_resources(
 
         summarised = await wait_for(summary, 30, what="the conversation summary")
         assert "cashews" in summarised
+    if os.environ.get(SCREENSHOTS_ENV):  # the picture in docs/mcp.md and the README
+        await screenshot_transcript(
+            chromium_or_skip(),
+            "engram mcp (stdio): the MCP SDK's client calling Engram's tools",
+            TRANSCRIPT[:3],
+            screenshot_dir(Path(".")) / "mcp-session.png",
+        )
 
     async with over_stdio(two_tenant_stack, TOOLS_KEY_B) as b:
         other = await call(b, "search_memory", query="What is the user allergic to?", **scope)

@@ -90,3 +90,37 @@ def shrink_png(path: Path, colors: int = 64) -> None:
     with Image.open(path) as image:
         small = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
         small.save(path, optimize=True)
+
+
+async def screenshot_transcript(
+    chromium: Path, title: str, turns: list[tuple[str, str]], path: Path
+) -> None:
+    """A picture of an MCP session for the docs: each (call, answer) pair as the client
+    saw it, laid out as a page by the same headless Chromium (nothing is fetched)."""
+    from html import escape
+
+    from playwright.async_api import async_playwright
+
+    rows = "".join(
+        f"<div class='call'>&rarr; {escape(call)}</div><pre>{escape(answer)}</pre>"
+        for call, answer in turns
+    )
+    page_html = (
+        "<html><body style='font:14px system-ui;margin:16px;background:#f6f7f9;color:#1d2330'>"
+        f"<h2 style='margin:0 0 12px'>{escape(title)}</h2>"
+        "<style>.call{font-weight:600;margin-top:10px}"
+        "pre{background:#fff;border:1px solid #d9dde5;border-radius:6px;padding:8px;"
+        "margin:4px 0;white-space:pre-wrap;font-size:12px}</style>"
+        f"{rows}</body></html>"
+    )
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(chromium), args=CHROMIUM_FLAGS
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 820, "height": 400})
+            await page.set_content(page_html)
+            await page.screenshot(path=str(path), full_page=True)
+        finally:
+            await browser.close()
+    shrink_png(path)
