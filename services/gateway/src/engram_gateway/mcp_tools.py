@@ -328,13 +328,13 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
     ) -> dict[str, Any]:
         """Learn from text as Engram learns from a chat: the text is stored, facts are
         extracted from it and reconciled with what is known (a correction replaces the
-        old fact, which is kept as history). Asynchronous: returns `event_ids` and each
-        event's `status` (`pending`, then `applied` once the facts are searchable)."""
+        old fact, which is kept as history). Asynchronous: returns each event's `status`
+        (`pending`, then `applied` once the facts are searchable, or `skipped` with a
+        `reason` when nothing was learned) and the overall `status`."""
         body = _without_none({"text": text, "user": user, "conversation": conversation})
         accepted = await _call(api, ctx, "POST", "/v1/memories/add", body=body)
         events = await _event_statuses(api, ctx, accepted["event_ids"], wait_seconds)
-        done = all(e["status"] == "applied" for e in events)
-        return {"status": "applied" if done else "pending", "events": events}
+        return {"status": _overall(events), "events": events}
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=False))
     async def remember_fact(
@@ -395,9 +395,17 @@ async def _event_statuses(
     deadline = time.monotonic() + wait_s
     while True:
         events = [await _call(api, ctx, "GET", f"/v1/events/{e}") for e in event_ids]
-        if all(e["status"] == "applied" for e in events) or time.monotonic() >= deadline:
+        if _overall(events) != "pending" or time.monotonic() >= deadline:
             return events
         await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def _overall(events: list[dict[str, Any]]) -> str:
+    """pending while any is; skipped when every one was; else applied."""
+    statuses = {e["status"] for e in events}
+    if "pending" in statuses:
+        return "pending"
+    return "skipped" if statuses == {"skipped"} else "applied"
 
 
 # --- resources -----------------------------------------------------------------------------

@@ -601,7 +601,7 @@ async function loadEvents() {
         {},
         h("td", {}, known.text),
         h("td", {}, h("code", {}, known.id.slice(0, 8))),
-        h("td", {}, status.status),
+        h("td", {}, status.reason ? `${status.status}: ${status.reason}` : status.status),
         h("td", {}, status.stage || "—"),
         h("td", {}, when(known.added)),
         h("td", {}, when(status.applied_at)),
