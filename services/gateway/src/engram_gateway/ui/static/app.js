@@ -558,7 +558,8 @@ async function learn(event) {
   const accepted = await api("POST", "/v1/memories/add", { body });
   const now = new Date().toISOString();
   const known = storedEvents();
-  accepted.event_ids.forEach((id, i) => known.unshift({ id, text: clip(texts[i], 80), added: now }));
+  // newest batch first, each batch in the order its texts were given
+  known.unshift(...accepted.event_ids.map((id, i) => ({ id, text: clip(texts[i], 80), added: now })));
   sessionStorage.setItem(EVENTS_STORAGE, JSON.stringify(known.slice(0, 100)));
   $("learn-text").value = "";
   say(`Accepted ${accepted.event_ids.length} text(s) for learning.`);
