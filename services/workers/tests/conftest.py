@@ -67,6 +67,13 @@ class FakeMemoryService(pb_grpc.MemoryServiceServicer):
             results.append(pb.UpsertResult(id=memory.id, status=status))
         return pb.UpsertResponse(results=results)
 
+    async def Get(self, request: pb.GetRequest, context) -> pb.GetResponse:
+        # Failures are injected into Upserts only: the tests count those.
+        found = [self.stored[i] for i in request.ids if i in self.stored]
+        return pb.GetResponse(
+            memories=found, missing_ids=[i for i in request.ids if i not in self.stored]
+        )
+
 
 @dataclass
 class FakeRetrieval:

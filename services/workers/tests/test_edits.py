@@ -153,9 +153,15 @@ async def test_editing_a_fact_file_changes_what_search_returns(stack: Stack, pub
     edits = await published(stack.nats_url, MemoryEdited)
     assert [(e.op, e.memory.id) for e in edits] == [("upserted", dog.id)]
     changes = [c for c in await published(stack.nats_url, MemoryChanged) if c.cause]
-    assert [(c.op, c.cause) for c in changes if c.cause == "mirror-edit"] == [
-        ("updated", "mirror-edit")
-    ]
+    # like PATCH: the text before the edit is kept as a history version
+    history, edited = [c for c in changes if c.cause == "mirror-edit"]
+    assert (history.op, history.memory.text) == ("superseded", "My dog is called Biscuit.")
+    assert history.memory.superseded_by == dog.id and history.memory.id != dog.id
+    assert (edited.op, edited.memory.id, edited.related_ids) == (
+        "updated",
+        dog.id,
+        [history.memory.id],
+    )
     assert (await stack.get(job.id)) is not None  # the other fact is untouched
     await eventually(lambda: any("hand-edited" in s for s in git_log(stack.root)), what="commit")
 

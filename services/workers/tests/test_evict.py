@@ -192,7 +192,7 @@ async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, p
 
 
 def test_the_newest_episode_is_never_chosen() -> None:
-    episodes = [memory(f"episode-{i}", pb.MEMORY_KIND_EPISODE, i) for i in range(3)]
+    episodes = [record_from_pb(memory(f"episode-{i}", pb.MEMORY_KIND_EPISODE, i)) for i in range(3)]
     order = eviction_order([], [], episodes)
     assert [m.id for m in order] == [episodes[0].id, episodes[1].id]
     assert eviction_order([], [], episodes[:1]) == []

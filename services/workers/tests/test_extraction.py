@@ -16,6 +16,7 @@ import pytest
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id
+from engram_core.lifecycle import change_event_id
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.waiting import eventually
@@ -128,7 +129,7 @@ async def test_user_turn_is_indexed_announced_and_its_facts_proposed(stack: Stac
     assert request["response_format"]["type"] == "json_schema"
 
     [changed] = await published(stack.nats_url, MemoryChanged)
-    assert changed.event_id == deterministic_event_id(memory_id, "created")
+    assert changed.event_id == change_event_id("acme", changed.memory, "created")
     assert (changed.op, changed.cause, changed.memory.id) == ("created", "ingest", memory_id)
     assert (changed.memory.kind, changed.memory.text) == ("turn", event.text)
     stored = await stack.retrieval.get(pb.GetRequest(tenant="acme", ids=[memory_id]))
@@ -231,14 +232,19 @@ async def test_an_llm_that_stays_down_dead_letters_the_turn_event(stack: Stack) 
     assert len(stored.memories) == 1  # indexed all the same
 
 
-async def test_a_republished_turn_is_proposed_once(stack: Stack) -> None:
+async def test_a_repeated_turn_is_neither_stored_nor_extracted_again(stack: Stack) -> None:
     await stack.start()
     await stack.send(turn(1, "I love pizza."))
     await stack.send(turn(1, "I love pizza.", event_id="retried-request"))
-    assert len(stack.extraction_requests()) == 2
-    assert len(await published(stack.nats_url, FactProposed)) == 1  # same event id: dropped
+    assert len(stack.extraction_requests()) == 1
+    assert len(await published(stack.nats_url, FactProposed)) == 1
     ops = [c.op for c in await published(stack.nats_url, MemoryChanged)]
-    assert ops == ["created", "updated"]  # the second event id is recorded in metadata
+    assert ops == ["created"]
+    # asked to re-extract (engram reextract), the stored turn is learned from again
+    await stack.send(turn(1, "I love pizza.", event_id="reextract-run", reextract=True))
+    assert len(stack.extraction_requests()) == 2
+    assert len(await published(stack.nats_url, FactProposed)) == 2  # a new proposal id
+    assert [c.op for c in await published(stack.nats_url, MemoryChanged)] == ["created"]
 
 
 async def test_a_disabled_extraction_makes_no_llm_call(stack: Stack) -> None:

@@ -74,18 +74,23 @@ async def test_duplicates_never_create_a_second_memory(ingest, publisher, eventu
     again = await publish_event(publisher, event)  # same event_id: JetStream drops it
     assert not first.duplicate
     assert again.duplicate
-    # The same turn re-published as a new event (a retried request) is delivered again...
-    await publish_event(publisher, turn(event_id="another-event-id"))
-
     service = ingest.retrieval.service
+    await eventually(lambda: len(service.upserts) == 1, what="the first Upsert")
+    # The same turn re-published as a new event (a retried request after the
+    # de-duplication window) is delivered again, and recognised as a repeat...
+    await publish_event(publisher, turn(event_id="another-event-id"))
+    await eventually(ingest.settled, what="the repeat's ack")
+    # ...while a new text for the same turn (a regenerated reply) replaces it.
+    await publish_event(publisher, turn(event_id="third-event-id", text="Changed my mind."))
+
     await eventually(lambda: len(service.upserts) == 2, what="two Upserts")
     await eventually(ingest.settled, what="the acks")
-    # ...and lands on the same point.
     assert len(service.upserts) == 2
     assert {m.id for r in service.upserts for m in r.memories} == {
         turn_memory_id("acme", "c1", "t-1")
     }
     assert len(service.stored) == 1
+    assert next(iter(service.stored.values())).text == "Changed my mind."
 
 
 async def test_transient_failure_is_retried_with_backoff(ingest, publisher, eventually) -> None:

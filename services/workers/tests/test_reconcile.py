@@ -36,13 +36,9 @@ from engram_testing.worker_stack import (
     published,
 )
 from engram_workers.ingest import INGEST, IngestSettings, turn_memory_id
-from engram_workers.reconcile import (
-    RECONCILE,
-    ReconcileSettings,
-    fact_memory_id,
-    reconcile_facts,
-    specifics,
-)
+from engram_workers.reconcile import RECONCILE, ReconcileSettings
+from engram_workers.reconcile.app import reconcile_facts
+from engram_workers.reconcile.core import fact_memory_id, specifics
 from engram_workers.runtime import Delivery, RetryableError
 
 pytestmark = pytest.mark.integration
@@ -182,7 +178,7 @@ async def test_a_corrected_name_updates_the_fact_and_keeps_the_old_one_as_histor
 
     [anne] = await stack.facts()
     assert anne.text == "User's wife's name is Anne"
-    assert anne.id == fact_memory_id("acme", "c1", anne.text)
+    assert anne.id == fact_memory_id("acme", "u1", "c1", anne.text)
     assert list(anne.source_turn_ids) == [turn_memory_id("acme", "c1", "t-2")]
     assert from_timestamp(anne.valid_from) == from_timestamp(anne.created_at) == turn_time(2)
     jane = next(m for m in await stack.facts(superseded=True) if m.id != anne.id)
@@ -224,7 +220,7 @@ async def test_love_then_hate_leaves_exactly_one_current_fact(stack: Stack) -> N
     assert from_timestamp(loves.valid_to) == turn_time(2)
     assert hates.metadata["decision"] == "DELETE"
     query = pb.SearchRequest(
-        tenant="acme", query="pizza", conversation_id="c1", include_superseded=True
+        tenant="acme", query="pizza", user_id="u1", conversation_id="c1", include_superseded=True
     )
     assert loves.id in {h.memory.id for h in (await stack.retrieval.search(query)).hits}
 

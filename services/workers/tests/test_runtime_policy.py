@@ -8,16 +8,10 @@ from grpc.aio import AioRpcError, Metadata
 from pydantic import ValidationError
 
 from engram_core.events import TurnPersisted
+from engram_core.memory_port import classify
 from engram_core.settings import ConfigError, load_settings
 from engram_workers.ingest import IngestSettings, turn_memory, turn_memory_id
-from engram_workers.runtime import (
-    PermanentError,
-    RetryableError,
-    WorkerSettings,
-    describe_validation_error,
-    retry_delay,
-    rpc_failure,
-)
+from engram_workers.runtime import WorkerSettings, describe_validation_error, retry_delay
 
 
 def test_worker_defaults() -> None:
@@ -57,19 +51,23 @@ def rpc_error(code: grpc.StatusCode) -> AioRpcError:
 
 
 @pytest.mark.parametrize(
-    ("code", "kind"),
+    ("code", "retryable", "http_status"),
     [
-        (grpc.StatusCode.UNAVAILABLE, RetryableError),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, RetryableError),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, RetryableError),
-        (grpc.StatusCode.INVALID_ARGUMENT, PermanentError),
-        (grpc.StatusCode.PERMISSION_DENIED, PermanentError),
-        (grpc.StatusCode.UNIMPLEMENTED, PermanentError),
+        (grpc.StatusCode.UNAVAILABLE, True, 503),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, True, 503),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, True, 503),
+        (grpc.StatusCode.INVALID_ARGUMENT, False, 400),
+        (grpc.StatusCode.NOT_FOUND, False, 404),
+        (grpc.StatusCode.ALREADY_EXISTS, False, 409),
+        (grpc.StatusCode.PERMISSION_DENIED, False, 503),
+        (grpc.StatusCode.UNIMPLEMENTED, False, 503),
     ],
 )
-def test_rpc_failures_are_classified(code: grpc.StatusCode, kind: type[Exception]) -> None:
-    failure = rpc_failure("retrieval Upsert", rpc_error(code))
-    assert isinstance(failure, kind)
+def test_rpc_failures_are_classified_once(
+    code: grpc.StatusCode, retryable: bool, http_status: int
+) -> None:
+    failure = classify("Upsert", rpc_error(code))
+    assert (failure.retryable, failure.http_status) == (retryable, http_status)
     assert str(failure) == f"retrieval Upsert failed: {code.name}: boom"
 
 

@@ -24,7 +24,8 @@ from engram_testing.worker_stack import (
     dead_letter_count,
     published,
 )
-from engram_workers.summarize import SUMMARIZE, SummarizeSettings, summary_memory_id
+from engram_workers.summarize import SUMMARIZE, SummarizeSettings
+from engram_workers.summarize.core import summary_memory_id
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +79,7 @@ async def store_fact(retrieval: RealRetrieval, text: str, minute: int, **fields:
 
 async def get_summary(retrieval: RealRetrieval) -> pb.Memory | None:
     reply = await retrieval.client.get(
-        pb.GetRequest(tenant=TENANT, ids=[summary_memory_id(TENANT, CONVERSATION)])
+        pb.GetRequest(tenant=TENANT, ids=[summary_memory_id(TENANT, "u1", CONVERSATION)])
     )
     return reply.memories[0] if reply.memories else None
 
@@ -118,7 +119,7 @@ async def test_rolling_summary_folds_each_new_fact_into_the_previous_summary(
     assert model.inputs("summarize") == [
         {"previous_summary": "", "new_facts": ["User lives in Lisbon."]}
     ]
-    assert first.id == summary_memory_id(TENANT, CONVERSATION)
+    assert first.id == summary_memory_id(TENANT, "u1", CONVERSATION)
     assert first.kind == pb.MEMORY_KIND_SUMMARY
     assert first.text == "User lives in Lisbon."
     assert first.metadata["summarizer"] == "llm"

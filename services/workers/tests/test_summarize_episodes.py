@@ -24,12 +24,8 @@ from engram_testing.worker_stack import (
     dead_letter_count,
     published,
 )
-from engram_workers.summarize import (
-    SUMMARIZE,
-    SummarizeSettings,
-    episode_memory_id,
-    rule_based_episode,
-)
+from engram_workers.summarize import SUMMARIZE, SummarizeSettings
+from engram_workers.summarize.core import episode_memory_id, rule_based_episode
 from engram_workers.tasks import EpisodeTurn
 
 pytestmark = pytest.mark.integration
@@ -159,6 +155,7 @@ async def test_twenty_five_turns_make_one_episode_of_turns_1_to_20(
         pb.SearchRequest(
             tenant=TENANT,
             query="Which instrument does Anna play?",
+            user_id="u1",
             conversation_id=CONVERSATION,
             kinds=[pb.MEMORY_KIND_EPISODE, pb.MEMORY_KIND_FACT],
         )
@@ -167,7 +164,10 @@ async def test_twenty_five_turns_make_one_episode_of_turns_1_to_20(
     assert episode.id in [hit.memory.id for hit in found.hits]
     ranked = await retrieval.client.search(
         pb.SearchRequest(
-            tenant=TENANT, query="Which instrument does Anna play?", conversation_id=CONVERSATION
+            tenant=TENANT,
+            query="Which instrument does Anna play?",
+            user_id="u1",
+            conversation_id=CONVERSATION,
         )
     )
     assert ranked.outcome == pb.SEARCH_OUTCOME_RANKED

@@ -73,6 +73,11 @@ class TurnPersisted(Event):
         description="Position of the turn in its conversation (user and assistant "
         "messages counted), as the client's history shows it; 0 when unknown.",
     )
+    reextract: bool = Field(
+        default=False,
+        description="Learn from a turn that is already stored (engram reextract): extract "
+        "its facts again instead of taking it for a repeat.",
+    )
 
 
 def dlq_subject(worker: str) -> str:

@@ -24,9 +24,11 @@ instead of writing its own rules, so a correction means the same thing whoever m
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from engram_core.events import MemoryChanged, MemoryChangeOp
 from engram_core.memory import MemoryRecord
@@ -41,9 +43,34 @@ HISTORY_OF = "history_of"
 LIFECYCLE_NAMESPACE = uuid.UUID("3f0e7d1c-5a8b-4c2e-9f61-6c6966656379")
 
 
+def _float32(value: float) -> float:
+    # Profile scores travel as float32; compare them as the store gives them back.
+    return round(struct.unpack("f", struct.pack("f", value))[0], 6)
+
+
+def canonical(record: MemoryRecord) -> dict[str, object]:
+    """The record as the store gives it back: UTC timestamps, tags sorted and unique,
+    float32 scores. Two descriptions of one stored state compare equal in this form."""
+    data: dict[str, object] = record.model_dump(mode="json")
+    for name in ("created_at", "updated_at", "valid_from", "valid_to"):
+        value = getattr(record, name)
+        data[name] = (
+            value.astimezone(UTC).isoformat(timespec="microseconds") if value is not None else None
+        )
+    data["tags"] = sorted(set(record.tags))
+    if record.profile is not None:
+        data["profile"] = {
+            **record.profile.model_dump(),
+            "confidence": _float32(record.profile.confidence),
+            "importance": _float32(record.profile.importance),
+        }
+    return data
+
+
 def state_digest(record: MemoryRecord) -> str:
     """A digest of everything the record says, bookkeeping included."""
-    return hashlib.sha256(record.model_dump_json().encode()).hexdigest()
+    blob = json.dumps(canonical(record), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _derived_id(*parts: str) -> str:

@@ -61,17 +61,22 @@ async def correct_turns(
     cause: str,
 ) -> list[MemoryChanged]:
     """Mark the source turns of ``outdated`` facts as corrected (by the memory ``by``,
-    "" when the information was retracted) and return their announcements. Turns
-    already marked, gone, or of another kind are left as they are."""
+    "" when the information was retracted) and return their announcements. A turn marked
+    by this same correction before (a writer repeating itself) is announced again as it
+    stands; turns gone, of another kind, or corrected by something else are left alone."""
     turn_ids = lifecycle.source_turn_ids(outdated)
     if not turn_ids:
         return []
     turns = await port.get(tenant, turn_ids)
-    marked = [
-        record
-        for turn_id in turn_ids
-        if (turn := turns.get(turn_id)) is not None
-        and (record := lifecycle.corrected(turn, by=by, at=at)) is not None
-    ]
+    marked: list[MemoryRecord] = []
+    for turn_id in turn_ids:
+        turn = turns.get(turn_id)
+        if turn is None or turn.kind != "turn":
+            continue
+        record = lifecycle.corrected(turn, by=by, at=at)
+        if record is not None:
+            marked.append(record)
+        elif turn.metadata.get(lifecycle.CORRECTED_BY) == by and by:
+            marked.append(turn)
     related = (by,) if by else ()
     return await apply(port, tenant, [Change(r, "updated", cause, related) for r in marked])

@@ -1,31 +1,33 @@
-"""Edits worker: human edits of the mirror reach the index.
+"""Edits worker: human edits of the mirror reach the index, under the same lifecycle
+rules as every other writer.
 
 Consumes ``engram.memory.edited.v1`` (durable consumer ``edits``), which the file
 mirror's watcher publishes:
 
-- ``upserted`` → retrieval ``Upsert`` of the memory as the file states it (retrieval
-  re-embeds when the text changed), then ``Get`` for the stored state;
-- ``deleted`` → ``Get`` (the last state, for the tombstone), then ``Delete``: an
-  explicit user deletion removes the data from the index; the mirror keeps the
-  tombstone.
+- ``upserted`` → the memory as the file states it is written through the retrieval
+  port (re-embedded when the text changed). Editing the text or tags of a current memory
+  keeps the previous version as history (:func:`engram_core.lifecycle.history_version`),
+  exactly as ``PATCH /v1/memories/{id}`` does, and a fact whose text changed marks the
+  turns it came from as corrected;
+- ``deleted`` → the last state (for the tombstone), then the memory is removed from the
+  index (an explicit user deletion); a deleted fact's turns are marked corrected.
 
-Either way it publishes ``engram.memory.changed.v1`` (cause ``mirror-edit``) so the
-mirror converges on the canonical file; writing identical content is a no-op there,
-so an edit never loops. The follow-up event's id derives from the edit's, so a
+Either way ``engram.memory.changed.v1`` follows (cause ``mirror-edit``) so the mirror
+converges on the canonical file; writing identical content is a no-op there, so an edit
+never loops. Event ids derive from the stored state (:mod:`engram_core.lifecycle`), so a
 redelivered edit publishes nothing new.
 """
 
 from __future__ import annotations
 
-import grpc
 from pydantic import Field
 
-from engram_core.events import MemoryChanged, MemoryEdited, deterministic_event_id
+from engram_core import lifecycle
+from engram_core.events import MemoryChanged, MemoryChangeOp, MemoryEdited, utcnow
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
-from engram_core.memory_record import record_from_pb, record_to_pb
-from engram_core.proto import pb
-from engram_workers.runtime import Delivery, WorkerSettings, WorkerSpec, rpc_failure, run_worker
+from engram_core.memory_writes import Change, apply, correct_turns
+from engram_workers.runtime import Delivery, WorkerSettings, WorkerSpec, run_worker
 
 log = get_logger(__name__)
 
@@ -46,71 +48,74 @@ class EditsSettings(WorkerSettings):
 
 async def apply_edit(event: MemoryEdited, delivery: Delivery) -> None:
     if event.op == "upserted":
-        op, state = await _upsert(event, delivery)
+        events = await _upsert(event, delivery)
     else:
-        op, state = "deleted", await _delete(event, delivery)
-    changed = MemoryChanged(
-        event_id=deterministic_event_id("memory.changed", CAUSE, event.event_id),
-        tenant=event.tenant,
-        user_id=state.user_id,
-        conversation_id=state.conversation_id,
-        op=op,  # type: ignore[arg-type]
-        memory=state,
-        cause=CAUSE,
-    )
-    await delivery.worker.publish(changed)
+        events = await _delete(event, delivery)
+    for changed in events:
+        await delivery.worker.publish(changed)
 
 
-async def _upsert(event: MemoryEdited, delivery: Delivery) -> tuple[str, MemoryRecord]:
-    memory = record_to_pb(event.memory, tenant=event.tenant)
-    memory.ClearField("updated_at")  # the service's to set
-    memory.ClearField("embedding_model")
-    try:
-        reply = await delivery.retrieval.upsert(
-            pb.UpsertRequest(tenant=event.tenant, memories=[memory])
+def _content_changed(stored: MemoryRecord, edited: MemoryRecord) -> bool:
+    return lifecycle.text_changed(stored, edited) or sorted(stored.tags) != sorted(edited.tags)
+
+
+async def _upsert(event: MemoryEdited, delivery: Delivery) -> list[MemoryChanged]:
+    tenant, memories = event.tenant, delivery.memories
+    edited = event.memory.model_copy(update={"updated_at": None})
+    stored = await memories.get_one(tenant, edited.id)
+    if stored is not None and stored.is_current and edited.is_current:
+        if _content_changed(stored, edited):
+            at = utcnow()
+            old = lifecycle.history_version(tenant, stored, at=at)
+            new = edited.model_copy(
+                update={
+                    "valid_from": at,
+                    "valid_to": None,
+                    "metadata": {**edited.metadata, "edited_by": CAUSE},
+                }
+            )
+            changes = [
+                Change(old, "superseded", CAUSE, (new.id,)),
+                Change(new, "updated", CAUSE, (old.id,)),
+            ]
+        else:
+            changes = [Change(edited, "updated", CAUSE)]
+    else:
+        op: MemoryChangeOp = (
+            "superseded" if edited.superseded_by else "updated" if stored else "created"
         )
-        stored = await delivery.retrieval.get(pb.GetRequest(tenant=event.tenant, ids=[memory.id]))
-    except grpc.aio.AioRpcError as exc:
-        raise rpc_failure("retrieval Upsert", exc) from exc
-    status = reply.results[0].status if reply.results else pb.UPSERT_STATUS_UNSPECIFIED
-    state = record_from_pb(stored.memories[0]) if stored.memories else event.memory
-    if state.superseded_by:
-        op = "superseded"
-    elif status == pb.UPSERT_STATUS_CREATED:
-        op = "created"
-    else:
-        op = "updated"
+        changes = [Change(edited, op, CAUSE)]
+    events = await apply(memories, tenant, changes)
+    if stored is not None and lifecycle.corrects_its_turns(stored, edited):
+        events += await correct_turns(
+            memories, tenant, [stored], by=edited.id, at=utcnow(), cause=CAUSE
+        )
     log.info(
         "edit.applied",
         op="upserted",
-        memory_id=memory.id,
-        kind=event.memory.kind,
-        status=pb.UpsertStatus.Name(status),
+        memory_id=edited.id,
+        kind=edited.kind,
+        history=len(changes) > 1,
         path=event.path,
     )
-    return op, state
+    return events
 
 
-async def _delete(event: MemoryEdited, delivery: Delivery) -> MemoryRecord:
+async def _delete(event: MemoryEdited, delivery: Delivery) -> list[MemoryChanged]:
+    tenant, memories = event.tenant, delivery.memories
     memory_id = event.memory.id
-    try:
-        found = await delivery.retrieval.get(pb.GetRequest(tenant=event.tenant, ids=[memory_id]))
-        reply = await delivery.retrieval.delete(
-            pb.DeleteRequest(tenant=event.tenant, ids=[memory_id])
-        )
-    except grpc.aio.AioRpcError as exc:
-        raise rpc_failure("retrieval Delete", exc) from exc
+    found = await memories.get_one(tenant, memory_id)
+    deleted = await memories.delete(tenant, [memory_id])
     # The index's last state makes the tombstone; the file's last committed state is the
     # fallback (already deleted by an earlier delivery, or never indexed).
-    state = record_from_pb(found.memories[0]) if found.memories else event.memory
+    state = found or event.memory
+    events = [lifecycle.change(tenant, state, "deleted", cause=CAUSE)]
+    if state.is_current and lifecycle.corrects_its_turns(state, None):
+        events += await correct_turns(memories, tenant, [state], by="", at=utcnow(), cause=CAUSE)
     log.info(
-        "edit.applied",
-        op="deleted",
-        memory_id=memory_id,
-        deleted=bool(reply.deleted_ids),
-        path=event.path,
+        "edit.applied", op="deleted", memory_id=memory_id, deleted=bool(deleted), path=event.path
     )
-    return state
+    return events
 
 
 EDITS = WorkerSpec(name="edits", event=MemoryEdited, handle=apply_edit)

@@ -12,16 +12,12 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-import grpc
-
 from engram_core.events import FactProposed, TurnPersisted, deterministic_event_id
 from engram_core.logging import get_logger
-from engram_core.memory import ProposedProfileFact
-from engram_core.proto import from_timestamp, pb
-from engram_core.retrieval_client import RetrievalClient
+from engram_core.memory import MemoryFilter, ProposedProfileFact
+from engram_core.memory_port import MemoryPort
 from engram_workers import tasks
 from engram_workers.llm import LlmClient
-from engram_workers.runtime import rpc_failure
 
 log = get_logger(__name__)
 
@@ -109,32 +105,20 @@ def clean_output(output: tasks.ExtractOutput) -> tuple[list[str], list[ProposedP
 
 
 async def recent_context(
-    retrieval: RetrievalClient, event: TurnPersisted, memory_id: str, limit: int
+    memories: MemoryPort, event: TurnPersisted, memory_id: str, limit: int
 ) -> list[str]:
     """Up to ``limit`` earlier turns of this user's conversation, oldest first."""
     if limit <= 0:
         return []
-    try:
-        reply = await retrieval.list(
-            pb.ListRequest(
-                tenant=event.tenant,
-                filter=pb.MemoryFilter(
-                    user_id=event.user_id,
-                    conversation_id=event.conversation_id,
-                    kinds=[pb.MEMORY_KIND_TURN],
-                ),
-                page_size=limit + 5,  # room for this turn and later ones
-            )
-        )
-    except grpc.aio.AioRpcError as exc:
-        raise rpc_failure("retrieval List", exc) from exc
+    page = await memories.list_page(
+        event.tenant,
+        MemoryFilter(user_id=event.user_id, conversation_id=event.conversation_id, kinds=("turn",)),
+        page_size=limit + 5,  # room for this turn and later ones
+    )
     earlier: list[str] = []
-    for memory in reply.memories:  # newest first
-        created = from_timestamp(memory.created_at)
-        if (
-            memory.id == memory_id
-            or memory.user_id != event.user_id  # the filter treats "" as any user
-            or (created is not None and created > event.created_at)
+    for memory in page.records:  # newest first
+        if memory.id == memory_id or (
+            memory.created_at is not None and memory.created_at > event.created_at
         ):
             continue
         text = memory.text if len(memory.text) <= CONTEXT_CHARS else memory.text[:CONTEXT_CHARS]
@@ -170,9 +154,15 @@ def fact_proposed(
     facts: list[str],
     profile: list[ProposedProfileFact],
 ) -> FactProposed:
-    """The proposal for reconcile; its id derives from the turn's memory id."""
+    """The proposal for reconcile; its id derives from the turn's memory id (and, for a
+    re-extraction, from the run's event, so a new run is not taken for a duplicate)."""
+    parts = (
+        (memory_id, "fact.proposed", event.event_id)
+        if event.reextract
+        else (memory_id, "fact.proposed")
+    )
     return FactProposed(
-        event_id=deterministic_event_id(memory_id, "fact.proposed"),
+        event_id=deterministic_event_id(*parts),
         tenant=event.tenant,
         user_id=event.user_id,
         conversation_id=event.conversation_id,

@@ -2,14 +2,21 @@
 user turn is mined for facts.
 
 Consumes ``engram.turn.persisted.v1`` (durable consumer ``ingest``) and upserts the
-turn through the retrieval service. The memory id is derived from the turn itself, so
-a redelivered or re-published turn overwrites the same point instead of adding one.
-A new turn is announced on ``engram.memory.changed.v1``.
+turn through the retrieval port. The memory id derives from the turn's identity (which
+the gateway derives from what the turn is), so a redelivered, re-published or repeated
+turn lands on the same point. A turn that is already stored with the same text is a
+repeat (a retried request after JetStream's de-duplication window, a re-import): it is
+neither written nor extracted again, unless the event asks for a re-extraction
+(``engram reextract``). A new turn is announced on ``engram.memory.changed.v1``.
 
 User turns (never assistant ones) then go through one ``extract_facts`` LLM call
 (:mod:`engram_workers.extraction`); when it finds facts or profile facts, they are
 published as ``engram.fact.proposed.v1`` for the reconcile worker. Both follow-up
 events have ids derived from the turn, so a retry publishes nothing twice.
+
+What was learned is never silent: a followed event (``POST /v1/memories/add``) ends
+``applied`` (facts proposed, or nothing to learn) or ``skipped`` with the reason
+(no model configured, extraction disabled, the model's answer unusable).
 """
 
 from __future__ import annotations
@@ -20,14 +27,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from pydantic import Field
 
 from engram_core.event_status import EventStatusStore
-from engram_core.events import MemoryChanged, TurnPersisted, deterministic_event_id
+from engram_core.events import TurnPersisted
 from engram_core.logging import get_logger
-from engram_core.memory_record import record_from_pb
-from engram_core.proto import pb, to_timestamp
+from engram_core.memory import MemoryRecord
+from engram_core.memory_writes import Change, apply
 from engram_workers import extraction
 from engram_workers.llm import (
     LlmClient,
@@ -43,7 +49,6 @@ from engram_workers.runtime import (
     Worker,
     WorkerSettings,
     WorkerSpec,
-    rpc_failure,
     run_worker,
 )
 
@@ -51,6 +56,12 @@ log = get_logger(__name__)
 
 #: Fixed forever: changing it would give every stored turn a new id.
 TURN_ID_NAMESPACE = uuid.UUID("6f1d3c52-8a57-4f55-9a0e-2f1e8a5b7c31")
+
+NO_MODEL = (
+    "no model configured for extraction: set ENGRAM_LLM_MODEL (or ENGRAM_EXTRACTION_MODEL), "
+    "or send `model`; then `engram reextract` learns from the stored turns"
+)
+EXTRACTION_DISABLED = "extraction is disabled (ENGRAM_EXTRACTION_ENABLED=false)"
 
 
 class IngestSettings(WorkerSettings, LlmSettingsMixin):
@@ -99,114 +110,105 @@ def turn_memory_id(tenant: str, conversation_id: str, turn_id: str) -> str:
     return str(uuid.uuid5(TURN_ID_NAMESPACE, "\x1f".join((tenant, conversation_id, turn_id))))
 
 
-def turn_memory(event: TurnPersisted) -> pb.Memory:
+def turn_memory(event: TurnPersisted) -> MemoryRecord:
     metadata = {"turn_id": event.turn_id, "event_id": event.event_id}
     if event.model:
         metadata["model"] = event.model
     if event.request_id:
         metadata["request_id"] = event.request_id
-    return pb.Memory(
+    return MemoryRecord(
         id=turn_memory_id(event.tenant, event.conversation_id, event.turn_id),
-        tenant=event.tenant,
-        user_id=event.user_id,
-        conversation_id=event.conversation_id,
-        kind=pb.MEMORY_KIND_TURN,
+        kind="turn",
         role=event.role,
         text=event.text,
-        created_at=to_timestamp(event.created_at),
+        user_id=event.user_id,
+        conversation_id=event.conversation_id,
+        created_at=event.created_at,
         source_id=event.source_id,
         turn_index=event.turn_index,
         metadata=metadata,
     )
 
 
-def turn_changed(
-    event: TurnPersisted, memory: pb.Memory, status: int, attempt: int
-) -> MemoryChanged | None:
-    """The ``memory.changed`` announcement of an indexed turn, or None when there is
-    nothing new to say.
-
-    CREATED → ``created``; UPDATED (the same turn re-published under another event id)
-    → ``updated``. UNCHANGED on a redelivery → ``created`` again: the earlier attempt
-    may have stopped before publishing, and the deterministic event id lets JetStream
-    drop the copy if it did not.
-    """
-    if status == pb.UPSERT_STATUS_UPDATED:
-        op, event_id = "updated", deterministic_event_id(memory.id, "updated", event.event_id)
-    elif status == pb.UPSERT_STATUS_CREATED or attempt > 1:
-        op, event_id = "created", deterministic_event_id(memory.id, "created")
-    else:
-        return None
-    return MemoryChanged(
-        event_id=event_id,
-        tenant=event.tenant,
-        user_id=event.user_id,
-        conversation_id=event.conversation_id,
-        op=op,
-        memory=record_from_pb(memory),
-        cause="ingest",
-    )
+def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, attempt: int) -> bool:
+    """A turn already stored as it is now, seen again in a new message: nothing to do.
+    A redelivery of the same message is not a repeat (the first delivery may have
+    stopped half-way), nor is a re-extraction."""
+    return stored is not None and stored.text == event.text and attempt == 1 and not event.reextract
 
 
 async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
+    resources: IngestResources | None = delivery.resources
     if not event.text.strip():
         # Nothing to search for; a tool-call-only assistant turn, for example.
         log.info("turn.skipped", reason="empty text", turn_id=event.turn_id, role=event.role)
-        await record_status(event, delivery)
+        await record_status(event, resources, skipped="the text is empty")
         return
     memory = turn_memory(event)
-    try:
-        reply = await delivery.retrieval.upsert(
-            pb.UpsertRequest(tenant=event.tenant, memories=[memory])
+    stored = await delivery.memories.get_one(event.tenant, memory.id)
+    if is_repeat(event, stored, delivery.attempt):
+        log.info("turn.repeated", memory_id=memory.id, turn_id=event.turn_id, role=event.role)
+        await record_status(event, resources)
+        return
+    if stored is not None and stored.text == event.text and event.reextract:
+        log.info("turn.reextract", memory_id=memory.id, turn_id=event.turn_id)
+    else:
+        if stored is not None and stored.text == event.text:
+            memory = stored  # a redelivery: the turn as the first delivery stored it
+        (announcement,) = await apply(
+            delivery.memories, event.tenant, [Change(memory, "created", "ingest")]
         )
-    except grpc.aio.AioRpcError as exc:
-        raise rpc_failure("retrieval Upsert", exc) from exc
-    status = reply.results[0].status if reply.results else pb.UPSERT_STATUS_UNSPECIFIED
-    log.info(
-        "turn.indexed",
-        memory_id=memory.id,
-        turn_id=event.turn_id,
-        role=event.role,
-        status=pb.UpsertStatus.Name(status),
-    )
-    changed = turn_changed(event, memory, status, delivery.attempt)
-    if changed is not None:
-        await delivery.worker.publish(changed)
-
-    resources: IngestResources | None = delivery.resources
-    proposed = False
-    if event.role == "user" and resources is not None and resources.llm is not None:
-        proposed = await extract_and_propose(event, memory.id, delivery, resources)
-    if not proposed:
-        await record_status(event, delivery)
+        log.info(
+            "turn.indexed",
+            memory_id=memory.id,
+            turn_id=event.turn_id,
+            role=event.role,
+            op=announcement.op,
+        )
+        await delivery.worker.publish(announcement)
+    if event.role != "user":
+        await record_status(event, resources)
+    elif resources is None or resources.llm is None:
+        await record_status(event, resources, skipped=EXTRACTION_DISABLED)
+    else:
+        await extract_and_propose(event, memory.id, delivery, resources)
 
 
-async def record_status(event: TurnPersisted, delivery: Delivery, follow_up: str = "") -> None:
-    """A followed turn (``POST /v1/memories/add``) is applied, or waits for ``follow_up``."""
-    statuses = getattr(delivery.resources, "statuses", None)
+async def record_status(
+    event: TurnPersisted,
+    resources: IngestResources | None,
+    *,
+    follow_up: str = "",
+    skipped: str = "",
+) -> None:
+    """A followed turn (``POST /v1/memories/add``) is applied, skipped, or waits for
+    ``follow_up``. Unfollowed turns (chats) cost one KV read."""
+    statuses = resources.statuses if resources is not None else None
     if statuses is None:
         return
     try:
-        await statuses.update_if_followed(event.tenant, event.event_id, follow_up=follow_up)
+        await statuses.update_if_followed(
+            event.tenant, event.event_id, follow_up=follow_up, skipped=skipped
+        )
     except Exception as exc:
         raise RetryableError(f"event status: {type(exc).__name__}: {exc}") from exc
 
 
 async def extract_and_propose(
     event: TurnPersisted, memory_id: str, delivery: Delivery, resources: IngestResources
-) -> bool:
-    """Extract facts from a user turn and publish them (True when something was
-    proposed); the turn is indexed already, so a retry (LLM unavailable) only repeats
-    this part in effect."""
+) -> None:
+    """Extract facts from a user turn and publish them for reconcile; the turn is
+    indexed already, so a retry (LLM unavailable) only repeats this part in effect."""
     llm = resources.llm
     assert llm is not None
     settings = resources.settings
     model = settings.extraction_model or event.model or llm.default_model
     if not model:
         log.warning("extraction.skipped", reason="no model configured", memory_id=memory_id)
-        return False
+        await record_status(event, resources, skipped=NO_MODEL)
+        return
     context = await extraction.recent_context(
-        delivery.retrieval, event, memory_id, settings.extraction_context_turns
+        delivery.memories, event, memory_id, settings.extraction_context_turns
     )
     try:
         facts, profile = await extraction.extract(
@@ -217,19 +219,27 @@ async def extract_and_propose(
     except LlmOutputError as exc:
         # The client already re-asked; the raw turn stays searchable.
         log.warning("extraction.gave_up", memory_id=memory_id, model=model, error=str(exc))
-        return False
+        await record_status(
+            event, resources, skipped=f"the model's answer was unusable ({model}): {exc}"
+        )
+        return
     except LlmRequestError as exc:
         # A refused request (bad key, unknown model) will not pass next time either:
         # dead-letter so the turn can be re-driven once the configuration is fixed.
         raise PermanentError(f"extraction: {exc}") from exc
     log.info("extraction.done", memory_id=memory_id, facts=len(facts), profile=len(profile))
     if not facts and not profile:
-        return False
+        await record_status(event, resources)
+        return
     proposal = extraction.fact_proposed(event, memory_id, facts, profile)
     # Followed before it is published, so reconcile never finishes an unfollowed one.
-    await record_status(event, delivery, follow_up=proposal.event_id)
+    # Best effort: the facts matter more than the report (a failure here is logged and
+    # the proposal still goes out).
+    try:
+        await record_status(event, resources, follow_up=proposal.event_id)
+    except RetryableError as exc:
+        log.warning("event_status.not_recorded", error=str(exc), follow_up=proposal.event_id)
     await delivery.worker.publish(proposal)
-    return True
 
 
 INGEST = WorkerSpec(

@@ -33,7 +33,6 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontext
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
-import grpc
 import structlog
 from faststream import FastStream
 from faststream.middlewares import AckPolicy
@@ -58,6 +57,7 @@ from engram_core.bus import (
 )
 from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
 from engram_core.logging import get_logger
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.observability import setup_observability
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import EngramSettings, load_settings
@@ -73,7 +73,6 @@ __all__ = [
     "WorkerSpec",
     "describe_validation_error",
     "retry_delay",
-    "rpc_failure",
     "run_worker",
 ]
 
@@ -179,30 +178,6 @@ class PermanentError(Exception):
     """Retrying cannot help: the message goes to the dead-letter subject at once."""
 
 
-#: gRPC codes for which the same request could succeed later. Anything else is
-#: a property of the request (or of the deployment) and retrying would only delay
-#: the dead letter.
-RETRYABLE_GRPC_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.CANCELLED,
-    }
-)
-
-
-def rpc_failure(call: str, exc: grpc.aio.AioRpcError) -> RetryableError | PermanentError:
-    """Classify a failed gRPC call; raise the result ``from exc``."""
-    message = f"{call} failed: {exc.code().name}: {exc.details() or ''}".rstrip(": ")
-    if exc.code() in RETRYABLE_GRPC_CODES:
-        return RetryableError(message)
-    return PermanentError(message)
-
-
 def retry_delay(backoff: Sequence[float], attempt: int) -> float:
     """Delay before redelivering after failed delivery number ``attempt`` (1-based)."""
     return backoff[min(max(attempt, 1), len(backoff)) - 1]
@@ -229,6 +204,12 @@ class Delivery:
     @property
     def retrieval(self) -> RetrievalClient:
         return self.worker.retrieval
+
+    @property
+    def memories(self) -> MemoryPort:
+        """The retrieval port: memories in domain types; failures raise RetrievalError,
+        which the runtime retries or dead-letters by its ``retryable`` flag."""
+        return self.worker.memories
 
     @property
     def resources(self) -> Any:
@@ -276,6 +257,7 @@ class Worker(Generic[E]):
             graceful_timeout=settings.shutdown_grace_s,
         )
         self._retrieval: RetrievalClient | None = None
+        self._memories: MemoryPort | None = None
         self._resources_stack = AsyncExitStack()
         self.resources: Any = None
         self._consuming = False
@@ -306,6 +288,12 @@ class Worker(Generic[E]):
         if self._retrieval is None:
             raise RuntimeError(f"worker {self.spec.name!r} has no retrieval client")
         return self._retrieval
+
+    @property
+    def memories(self) -> MemoryPort:
+        if self._memories is None:
+            raise RuntimeError(f"worker {self.spec.name!r} has no retrieval client")
+        return self._memories
 
     async def publish(self, event: Event) -> PubAck:
         """Publish a follow-up event; it continues the current trace."""
@@ -384,6 +372,7 @@ class Worker(Generic[E]):
         info = await ensure_consumer(self.settings.nats_url, self.consumer_config())
         if self.spec.uses_retrieval:
             self._retrieval = RetrievalClient(self.settings.retrieval_address)
+            self._memories = MemoryPort(self._retrieval)
         if self.spec.resources is not None:
             self.resources = await self._resources_stack.enter_async_context(
                 self.spec.resources(self)
@@ -421,6 +410,7 @@ class Worker(Generic[E]):
         if self._retrieval is not None:
             await self._retrieval.close()
             self._retrieval = None
+            self._memories = None
         if self.health is not None:
             await self.health.stop()
 
@@ -490,6 +480,12 @@ class Worker(Generic[E]):
                 await self.spec.handle(event, delivery)
         except PermanentError as exc:
             await self._dead_letter(message, attempt, str(exc))
+            return
+        except RetrievalError as exc:
+            if not exc.retryable:  # a request retrieval refuses will be refused again
+                await self._dead_letter(message, attempt, str(exc))
+                return
+            await self._retry_or_dead_letter(message, attempt, RetryableError(str(exc)))
             return
         except Exception as exc:
             await self._retry_or_dead_letter(message, attempt, exc)

@@ -1,0 +1,388 @@
+"""Summarize worker: the rolling summary of each user's conversation, and its episodes.
+
+Consumes ``engram.memory.changed.v1`` (durable consumer ``summarize``):
+
+- a **fact** ``created`` → fold the new fact (and any other current fact the summary
+  does not include yet) into the rolling summary of the user's conversation, which
+  Search attaches to its response;
+- a **fact** ``superseded``/``deleted`` → take its sentences out of the summary where the
+  summary holds them word for word;
+- a **turn** ``created`` → when at least ``episode_turns + 1`` turns are not yet covered
+  by an episode, compress the oldest ``episode_turns`` of them into one ``episode``.
+
+Changes this worker caused itself (kinds ``summary`` and ``episode``) are ignored. Each
+job holds a lock on the user's conversation, so two replicas never fold into the same
+summary at once (no lost update) nor build the same window twice. A model that answers
+junk, refuses the request, or stays unavailable until the last delivery gets the
+documented rule-based fallback (:mod:`engram_workers.summarize.core`): nothing is lost.
+
+Idempotency: the summary lists the fact ids it includes, an episode's id derives from
+its turns, and announcements derive from the stored state (:mod:`engram_core.lifecycle`),
+so a redelivery re-publishes the same event ids (de-duplicated by JetStream) and a crash
+between the write and the publish loses no event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+
+from engram_core import lifecycle
+from engram_core.events import MemoryChanged, MemoryChangeOp
+from engram_core.logging import get_logger
+from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
+from engram_core.memory_writes import Change, apply
+from engram_workers import tasks
+from engram_workers.llm import (
+    LlmClient,
+    LlmOutputError,
+    LlmRequestError,
+    LlmSettingsMixin,
+    LlmUnavailable,
+)
+from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
+from engram_workers.runtime import (
+    Delivery,
+    RetryableError,
+    Worker,
+    WorkerSettings,
+    WorkerSpec,
+    run_worker,
+)
+from engram_workers.summarize import core
+
+log = get_logger(__name__)
+
+#: Newest episodes read to find the numbering anchor (and re-announce on redelivery).
+ANCHOR_PAGE = core.MAX_WINDOWS_PER_EVENT
+LIST_PAGE = 100
+
+SUMMARY_INSTRUCTIONS = """\
+You maintain the rolling summary of one conversation between a user and an assistant.
+The input has `previous_summary` (may be empty) and `new_facts`: statements just learned.
+Write the updated summary:
+- keep durable information: who the user is, preferences, constraints, plans, decisions,
+  ongoing tasks, names, dates and numbers;
+- drop chit-chat, greetings and pleasantries;
+- when a new fact contradicts or updates something in the previous summary, keep only the
+  new information and drop the superseded one;
+- never invent anything; write in the third person ("The user ...");
+- stay compact: at most {max_chars} characters.
+Answer with one JSON object: {{"summary": "<the updated summary>"}}."""
+
+EPISODE_INSTRUCTIONS = """\
+Summarise one window of a conversation between a user and an assistant: turns
+{first_turn} to {last_turn}, each with its number `n`, `role` and `text`.
+Write one compact paragraph that keeps what matters later: what the user said about
+themselves, asked, decided or planned; what the assistant answered or recommended; names,
+dates and numbers. Skip greetings and chit-chat. Never invent anything.
+At most {max_chars} characters.
+Answer with one JSON object: {{"summary": "<the episode summary>"}}."""
+
+
+class SummarizeSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
+    health_port: int = Field(
+        default=8203, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+    )
+    summarize_model: str = Field(
+        default="",
+        description="Model for summaries and episodes (default: ENGRAM_LLM_MODEL, then the "
+        "chat model recorded on the source turns).",
+    )
+    episode_turns: int = Field(
+        default=20, ge=2, le=500, description="Turns per episode (the window size N)."
+    )
+    summary_max_chars: int = Field(
+        default=2000, ge=200, le=20000, description="Upper bound of the rolling summary."
+    )
+    episode_max_chars: int = Field(
+        default=1500, ge=200, le=20000, description="Upper bound of one episode's text."
+    )
+
+
+@dataclass
+class SummarizeResources:
+    llm: LlmClient
+    locks: KeyLocks
+
+
+@asynccontextmanager
+async def open_resources(worker: Worker[Any]) -> AsyncIterator[SummarizeResources]:
+    settings: SummarizeSettings = worker.settings  # type: ignore[assignment]
+    llm = LlmClient(settings)
+    try:
+        async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
+            yield SummarizeResources(llm=llm, locks=locks)
+    finally:
+        await llm.close()
+
+
+# --- the handler -------------------------------------------------------------------------
+
+
+async def summarize(event: MemoryChanged, delivery: Delivery) -> None:
+    kind, op = event.memory.kind, event.op
+    # Summaries and episodes are our own writes coming back; profile entries are
+    # recalled on their own and do not feed the summary.
+    if kind == "fact" and op == "created":
+        await fold_facts(event, delivery)
+    elif kind == "fact" and op in ("superseded", "deleted"):
+        await drop_superseded(event, delivery)
+    elif kind == "turn" and op == "created":
+        await update_episodes(event, delivery)
+
+
+def _settings(delivery: Delivery) -> SummarizeSettings:
+    settings: SummarizeSettings = delivery.worker.settings  # type: ignore[assignment]
+    return settings
+
+
+@asynccontextmanager
+async def _conversation_lock(
+    delivery: Delivery, job: str, event: MemoryChanged
+) -> AsyncIterator[None]:
+    resources: SummarizeResources = delivery.resources
+    key = ("summarize", job, event.tenant, event.user_id, event.conversation_id)
+    try:
+        async with resources.locks.hold(*key):
+            yield
+    except LockTimeout as exc:
+        raise RetryableError(f"{job} lock: {exc}") from exc
+
+
+async def _ask_model(
+    delivery: Delivery, *, task: str, instructions: str, payload: dict[str, Any], models: list[str]
+) -> tuple[str | None, str]:
+    """(summary, model) from the LLM, or (None, reason) when the rule-based fallback applies.
+
+    Transient unavailability is retried through the bus (nak with backoff) and only
+    falls back on the last delivery; junk output and refused requests fall back at once.
+    """
+    settings = _settings(delivery)
+    llm = delivery.resources.llm
+    try:
+        model = llm.model_for(settings.summarize_model, settings.llm_model, *models)
+        answer = await llm.structured(
+            task=task,
+            model=model,
+            instructions=instructions,
+            payload=payload,
+            schema=tasks.SummaryOutput,
+        )
+    except LlmUnavailable as exc:
+        if delivery.attempt < settings.max_deliver:
+            raise RetryableError(str(exc)) from exc
+        return None, f"model unavailable on the last delivery: {exc}"
+    except (LlmOutputError, LlmRequestError) as exc:
+        return None, str(exc)
+    text = answer.summary.strip()
+    if not text:
+        return None, f"{task}: the model returned an empty summary"
+    return text, model
+
+
+async def _write(delivery: Delivery, tenant: str, record: MemoryRecord, cause: str) -> None:
+    (announcement,) = await apply(delivery.memories, tenant, [Change(record, "created", cause)])
+    await delivery.worker.publish(announcement)
+
+
+# --- the rolling summary -------------------------------------------------------------------
+
+
+def _scope(event: MemoryChanged, *kinds: MemoryKindName, current_only: bool = True) -> MemoryFilter:
+    return MemoryFilter(
+        user_id=event.user_id,
+        conversation_id=event.conversation_id,
+        kinds=kinds,
+        include_superseded=not current_only,
+    )
+
+
+async def fold_facts(event: MemoryChanged, delivery: Delivery) -> None:
+    settings, memories = _settings(delivery), delivery.memories
+    tenant = event.tenant
+    fact_id = event.memory.id
+    summary_id = core.summary_memory_id(tenant, event.user_id, event.conversation_id)
+    async with _conversation_lock(delivery, "summary", event):
+        found = await memories.get(tenant, [summary_id, fact_id])
+        previous = found.get(summary_id)
+        folded = core.folded_ids(previous)
+        if fact_id in folded:
+            log.info("summary.already_folded", fact_id=fact_id)
+            if delivery.attempt > 1 and previous is not None:
+                # The first delivery may have written the summary and died before
+                # publishing; the same event id makes this a no-op otherwise.
+                op: MemoryChangeOp = (
+                    "created" if previous.metadata.get("revision") == "1" else "updated"
+                )
+                await delivery.worker.publish(
+                    lifecycle.change(tenant, previous, op, cause="summarize:summary")
+                )
+            return
+        others = await memories.list_page(tenant, _scope(event, "fact"), page_size=core.FOLD_BATCH)
+        facts = core.facts_to_fold(found.get(fact_id), others.records, set(folded))
+        if not facts:
+            log.info("summary.nothing_to_fold", fact_id=fact_id, reason="fact gone or superseded")
+            return
+
+        previous_text = previous.text if previous is not None else ""
+        new_facts = [f.text for f in facts]
+        text, how = await _ask_model(
+            delivery,
+            task=tasks.SUMMARIZE,
+            instructions=SUMMARY_INSTRUCTIONS.format(max_chars=settings.summary_max_chars),
+            payload=tasks.SummarizeInput(
+                previous_summary=previous_text, new_facts=new_facts
+            ).model_dump(),
+            models=await _chat_models(delivery, event, facts),
+        )
+        if text is None:
+            log.warning("summary.fallback", reason=how, facts=len(facts))
+            text = core.rule_based_summary(previous_text, new_facts, settings.summary_max_chars)
+            summarizer = {"summarizer": core.SUMMARIZER_RULES, "fallback_reason": how[:300]}
+        else:
+            text = core.bounded(text, settings.summary_max_chars)
+            summarizer = {"summarizer": core.SUMMARIZER_LLM, "model": how}
+        summary = core.next_summary(
+            tenant,
+            event.user_id,
+            event.conversation_id,
+            previous,
+            text,
+            core.fold_metadata(previous, facts, summarizer),
+        )
+        await _write(delivery, tenant, summary, "summarize:summary")
+        log.info(
+            "summary.updated",
+            memory_id=summary.id,
+            revision=summary.metadata["revision"],
+            summarizer=summarizer["summarizer"],
+            cause=event.op,
+        )
+
+
+async def drop_superseded(event: MemoryChanged, delivery: Delivery) -> None:
+    """Take a superseded (or user-deleted) fact's sentences out of the summary where it
+    holds them word for word (the rule-based fallback appends facts verbatim); a
+    model-written summary is corrected by the next fold, which sees the new fact. A
+    summary left with nothing is deleted (and announced as deleted)."""
+    tenant, memories = event.tenant, delivery.memories
+    summary_id = core.summary_memory_id(tenant, event.user_id, event.conversation_id)
+    async with _conversation_lock(delivery, "summary", event):
+        previous = await memories.get_one(tenant, summary_id)
+        if previous is None:
+            return
+        kept = core.without_sentences(previous, event.memory.text)
+        if kept is None:
+            return
+        if not kept:
+            await memories.delete(tenant, [summary_id])
+            await delivery.worker.publish(
+                lifecycle.change(tenant, previous, "deleted", cause="summarize:summary")
+            )
+            log.info("summary.deleted", memory_id=summary_id, reason="every sentence superseded")
+            return
+        metadata = {k: v for k, v in previous.metadata.items() if k != "revision"}
+        summary = core.next_summary(
+            tenant, event.user_id, event.conversation_id, previous, " ".join(kept), metadata
+        )
+        await _write(delivery, tenant, summary, "summarize:summary")
+
+
+async def _chat_models(
+    delivery: Delivery, event: MemoryChanged, facts: Sequence[MemoryRecord]
+) -> list[str]:
+    """The chat models of the turns the facts came from: the model to use when none is
+    configured (ingest records it on each turn, as reconcile does not on facts)."""
+    settings = _settings(delivery)
+    recorded = [f.metadata["model"] for f in facts if f.metadata.get("model")]
+    if recorded or settings.summarize_model or settings.llm_model:
+        return recorded
+    turn_ids = lifecycle.source_turn_ids(facts)[: core.FOLD_BATCH]
+    if not turn_ids:
+        return []
+    turns = await delivery.memories.get(event.tenant, turn_ids)
+    newest_first = sorted(turns.values(), key=core.age_key, reverse=True)
+    return [t.metadata["model"] for t in newest_first if t.metadata.get("model")]
+
+
+# --- episodes ------------------------------------------------------------------------------
+
+
+async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
+    settings, memories = _settings(delivery), delivery.memories
+    tenant = event.tenant
+    async with _conversation_lock(delivery, "episodes", event):
+        recent = await memories.list_page(
+            tenant, _scope(event, "episode", current_only=False), page_size=ANCHOR_PAGE
+        )
+        if delivery.attempt > 1:
+            for episode in recent.records:
+                if episode.metadata.get("trigger_event_id") == event.event_id:
+                    await delivery.worker.publish(
+                        lifecycle.change(tenant, episode, "created", cause="summarize:episode")
+                    )
+        anchor = core.anchor_of(recent.records)
+        # Newest first: only the uncovered tail of the conversation is read.
+        tail: list[MemoryRecord] = []
+        turns_scope = _scope(event, "turn", current_only=False)
+        async for turn in memories.iter_list(tenant, turns_scope, page_size=LIST_PAGE):
+            if (
+                anchor.boundary is not None
+                and turn.created_at
+                and turn.created_at < anchor.boundary
+            ):
+                break
+            tail.append(turn)
+        turns = core.uncovered(tail, anchor)
+        for first, window in core.closed_windows(turns, anchor, settings.episode_turns):
+            await _write_episode(delivery, event, window, first)
+
+
+async def _write_episode(
+    delivery: Delivery, event: MemoryChanged, window: list[MemoryRecord], first: int
+) -> None:
+    settings = _settings(delivery)
+    last = first + len(window) - 1
+    numbered = core.numbered_turns(window, first)
+    text, how = await _ask_model(
+        delivery,
+        task=tasks.EPISODE,
+        instructions=EPISODE_INSTRUCTIONS.format(
+            first_turn=first, last_turn=last, max_chars=settings.episode_max_chars
+        ),
+        payload=tasks.EpisodeInput(first_turn=first, last_turn=last, turns=numbered).model_dump(),
+        models=[t.metadata.get("model", "") for t in reversed(window)],
+    )
+    metadata = {"turns": str(len(window)), "trigger_event_id": event.event_id}
+    if text is None:
+        log.warning("episode.fallback", reason=how, first_turn=first, last_turn=last)
+        text = core.rule_based_episode(numbered, settings.episode_max_chars)
+        metadata |= {"summarizer": core.SUMMARIZER_RULES, "fallback_reason": how[:300]}
+    else:
+        text = core.bounded(text, settings.episode_max_chars)
+        metadata |= {"summarizer": core.SUMMARIZER_LLM, "model": how}
+    episode = core.episode_record(
+        event.tenant, event.conversation_id, event.user_id, window, first, text, metadata
+    )
+    await _write(delivery, event.tenant, episode, "summarize:episode")
+    log.info(
+        "episode.created",
+        memory_id=episode.id,
+        first_turn=first,
+        last_turn=last,
+        summarizer=metadata["summarizer"],
+    )
+
+
+SUMMARIZE = WorkerSpec(
+    name="summarize", event=MemoryChanged, handle=summarize, resources=open_resources
+)
+
+
+def main() -> None:
+    run_worker(SUMMARIZE, SummarizeSettings)
