@@ -18,7 +18,7 @@ from playwright.async_api import Browser, Page, expect
 
 from engram_testing.browser import screenshot_dir, shrink_png
 
-from .conftest import TOOLS_KEY_A, TOOLS_KEY_B, TwoTenantStack
+from .conftest import TOOLS_KEY_A, TOOLS_KEY_B, TwoTenantStack, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -201,3 +201,51 @@ async def test_phone_width(
     await snap(page, screenshot_dir(tmp_path / "screens"), "ui-phone.png")
     assert seen["foreign"] == [] and seen["errors"] == []
     await context.close()
+
+
+async def sign_in(page: Page, base: str) -> None:
+    await page.goto(f"{base}/ui/")
+    await page.get_by_label("Engram API key").fill(TOOLS_KEY_A)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Memories")).to_be_visible()
+
+
+async def test_learn_follow_the_event_then_read_profile_and_summary(
+    two_tenant_stack: TwoTenantStack, browser: Browser
+) -> None:
+    """What the workers learn from text added in the page shows up in it: the event
+    turns applied, the profile entry and the conversation summary appear."""
+    base = two_tenant_stack.base_url
+    page = await browser.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    seen = watch(page, base)
+    await sign_in(page, base)
+
+    await page.get_by_role("link", name="Add").click()
+    learn = page.get_by_role("form", name="Learn from text")
+    await learn.get_by_label("Text (one message per line)").fill("I am allergic to kiwi.")
+    await learn.get_by_label("User").fill("ui-frank")
+    await learn.get_by_label("Conversation").fill("ui-food")
+    await learn.get_by_role("button", name="Learn").click()
+    await expect(page.get_by_role("heading", name="Events")).to_be_visible()
+    status = page.locator("#events-table tbody tr").first.locator("td").nth(2)
+    await expect(status).to_have_text("applied", timeout=45_000)  # refreshed every 3 s
+
+    await page.get_by_role("link", name="Profile").click()
+    await page.locator("#view-profile").get_by_label("User").fill("ui-frank")
+
+    async def shown() -> bool:
+        await page.get_by_role("button", name="Show").click()
+        rows = page.locator("#profile-table tbody tr")
+        summaries = page.locator("#summary-list")
+        return "kiwi" in (await rows.first.inner_text()) and "kiwi" in (
+            await summaries.inner_text()
+        )
+
+    await wait_for(shown, 30, what="the profile entry and the summary")
+    cells = page.locator("#profile-table tbody tr").first.locator("td")
+    await expect(cells.nth(0)).to_have_text("constraint")
+    await expect(cells.nth(1)).to_have_text("allergy")
+    await expect(page.locator("#summary-list")).to_contain_text("ui-food")
+    assert seen["foreign"] == [] and seen["errors"] == []
+    await page.close()

@@ -209,3 +209,75 @@ async def test_memory_text_that_looks_like_markup_stays_text(
     await expect(page.locator("#memory-list")).to_contain_text(sneaky)
     assert await page.locator("#memory-list img, #memory-list b").count() == 0
     assert await page.title() != "pwned"
+
+
+def memory_named(n: int, **fields: Any) -> dict[str, Any]:
+    return {
+        "object": "memory", "id": f"{n:08d}-1111-1111-1111-111111111111", "kind": "fact",
+        "text": f"Memory number {n}.", "role": "", "user_id": "alice", "conversation_id": "home",
+        "tags": [], "created_at": "2026-11-24T10:00:00Z", "updated_at": "2026-11-24T10:00:00Z",
+        "valid_from": None, "valid_to": None, "superseded_by": "", "source_id": "",
+        "turn_index": 0, "source_turn_ids": [], "profile": None, "turn_range": None,
+        "metadata": {}, **fields,
+    }  # fmt: skip
+
+
+async def test_paging_follows_the_cursor_and_comes_back(browser: Browser, page_url: str) -> None:
+    pages = {
+        None: ([memory_named(1), memory_named(2)], "cursor-2"),
+        "cursor-2": ([memory_named(3), memory_named(4)], "cursor-3"),
+        "cursor-3": ([memory_named(5)], None),
+    }
+
+    def api(path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        if path == "/v1/memories":
+            data, following = pages[query.get("cursor", [None])[0]]
+            return 200, {
+                "object": "list",
+                "data": data,
+                "has_more": following is not None,
+                "next_cursor": following,
+            }
+        return 200, {"object": "list", "data": [], "has_more": False}
+
+    page, calls = await open_page(browser, page_url, api)
+    items = page.locator("#memory-list article")
+    await expect(items).to_have_count(2)
+    newer, older = (
+        page.get_by_role("button", name="← Newer"),
+        page.get_by_role("button", name="Older →"),
+    )
+    await expect(newer).to_be_disabled()
+    await older.click()
+    await expect(items.first).to_contain_text("Memory number 3.")
+    await older.click()
+    await expect(items).to_have_count(1)
+    await expect(older).to_be_disabled()
+    await expect(page.locator("#page-number")).to_have_text("Page 3")
+    await newer.click()
+    await expect(items.first).to_contain_text("Memory number 3.")
+    await newer.click()
+    await expect(items.first).to_contain_text("Memory number 1.")
+    assert [c for c in calls if "cursor=" in c] == [
+        "GET /v1/memories?limit=25&cursor=cursor-2",
+        "GET /v1/memories?limit=25&cursor=cursor-3",
+        "GET /v1/memories?limit=25&cursor=cursor-2",
+    ]
+
+
+async def test_filters_become_list_parameters(browser: Browser, page_url: str) -> None:
+    page, calls = await open_page(browser, page_url, single_tenant(lambda p, q: (404, {})))
+    filters = page.get_by_role("form", name="Filters")
+    await filters.get_by_label("Tag", exact=True).fill("pets")
+    await filters.get_by_role("checkbox", name="fact").check()
+    await filters.get_by_role("checkbox", name="episode").check()
+    await filters.get_by_label("Created from").fill("2026-11-01")
+    await filters.get_by_label("Created until").fill("2026-11-30")
+    await filters.get_by_role("checkbox", name="include superseded").check()
+    await filters.get_by_role("button", name="Apply filters").click()
+    wanted = (
+        "GET /v1/memories?tag=pets&kind=fact&kind=episode&limit=25&include_superseded=true"
+        "&created_after=2026-11-01T00%3A00%3A00Z&created_before=2026-12-01T00%3A00%3A00.000Z"
+    )
+    await expect(page.locator("#memory-list")).to_contain_text("No memories match.")
+    assert wanted in calls, calls
