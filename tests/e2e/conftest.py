@@ -103,11 +103,11 @@ class TwoTenantStack:
         return f"http://{self.stack.settings.gateway_host}:{self.stack.settings.gateway_port}"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def two_tenant_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoTenantStack]:
     """Gateway, retrieval, NATS and the learning workers (ingest, reconcile, summarize)
-    with the rule-based scripted LLM; shared by the MCP and browser tests, which keep
-    to their own users and conversations."""
+    with the rule-based scripted LLM, for one test module (the MCP tests, the browser
+    tests), stopped when the module is done."""
     tmp = tmp_path_factory.mktemp("two-tenants")
     upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply="Noted.")]).start()
     spans_file = tmp / "spans.jsonl"
