@@ -11,24 +11,14 @@ from typing import Any
 
 import pytest
 
-from engram_cli.nats_server import free_port, free_port_block
 from engram_cli.scripted_llm import RuleBasedBrain
-from engram_cli.stack import WORKERS, Stack, StackSettings
+from engram_cli.stack import Stack
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.keys import entry_for
+from engram_testing.stack import stack_settings
 from engram_testing.upstream import ScriptedUpstream
 from engram_testing.waiting import eventually
-
-
-def stack_settings(data_dir: Path) -> StackSettings:
-    return StackSettings(
-        data_dir=data_dir,
-        nats_url=f"nats://127.0.0.1:{free_port()}",
-        gateway_port=free_port(),
-        retrieval_listen=f"127.0.0.1:{free_port()}",
-        health_port_base=free_port_block(len(WORKERS)),
-    )
 
 
 @pytest.fixture

@@ -17,40 +17,16 @@ from typing import Any
 import httpx
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_cli.stack import Stack
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
+from engram_testing.stack import start_stack
 
-from .conftest import stack_settings, wait_for
+from .conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 
 TENANT = "default"
-
-
-def start_stack(tmp: Path, **env: str) -> tuple[Stack, ScriptedUpstream]:
-    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply="Noted.")]).start()
-    stack = Stack(
-        stack_settings(tmp),
-        echo=lambda _: None,
-        relay_logs=False,
-        extra_env={
-            "ENGRAM_LLM_BASE_URL": upstream.base_url,
-            "ENGRAM_LOG_FORMAT": "json",
-            "ENGRAM_MIRROR_COMMIT_INTERVAL_S": "0.5",
-            # a killed worker's unacknowledged message comes back after this long
-            "ENGRAM_ACK_WAIT_S": "5",
-            **env,
-        },
-    )
-    try:
-        stack.start()
-    except BaseException:
-        stack.stop()
-        upstream.stop()
-        raise
-    return stack, upstream
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +102,7 @@ class Memory:
 
 
 async def test_a_corrected_name_supersedes_the_old_one(learning: Stack) -> None:
-    memory = Memory(learning, "seed-name")
+    memory = Memory(learning, "seed-name", user="user-name")
     await memory.chat("My wife's name is Jane.")
     await memory.until_facts(["User's wife's name is Jane"])
     await memory.chat("Sorry, I misspoke: my wife's name is Anne.")
@@ -145,7 +121,7 @@ async def test_a_corrected_name_supersedes_the_old_one(learning: Stack) -> None:
 
 
 async def test_love_then_hate_leaves_exactly_the_new_fact(learning: Stack) -> None:
-    memory = Memory(learning, "seed-pizza")
+    memory = Memory(learning, "seed-pizza", user="user-pizza")
     await memory.chat("I love pizza!")
     await memory.until_facts(["User loves pizza"])
     await memory.chat("I hate pizza.")
@@ -155,7 +131,7 @@ async def test_love_then_hate_leaves_exactly_the_new_fact(learning: Stack) -> No
 
 
 async def test_an_unrelated_fact_leaves_the_others_untouched(learning: Stack) -> None:
-    memory = Memory(learning, "seed-unrelated")
+    memory = Memory(learning, "seed-unrelated", user="user-unrelated")
     await memory.chat("I love hiking in the Alps.")
     await memory.until_facts(["User loves hiking in the Alps"])
     before = {m.id: m for m in await memory.facts()}
@@ -167,7 +143,7 @@ async def test_an_unrelated_fact_leaves_the_others_untouched(learning: Stack) ->
 
 
 async def test_the_same_fact_told_twice_is_stored_once(learning: Stack) -> None:
-    memory = Memory(learning, "seed-twice")
+    memory = Memory(learning, "seed-twice", user="user-twice")
     await memory.chat("I love jazz.")
     await memory.until_facts(["User loves jazz"])
     await memory.chat("I love jazz.")
@@ -199,7 +175,7 @@ async def test_a_less_confident_profile_value_never_replaces_a_surer_one(learnin
 
 
 async def test_twenty_five_turns_make_an_episode(learning: Stack) -> None:
-    memory = Memory(learning, "seed-episode")
+    memory = Memory(learning, "seed-episode", user="user-episode")
     for i in range(13):  # 13 chats = 26 turns (user + assistant)
         await memory.chat(f"Today I visited museum number {i}.")
 
@@ -285,7 +261,7 @@ async def _equals(awaitable, expected) -> bool:  # type: ignore[no-untyped-def]
 async def test_a_worker_killed_mid_burst_loses_and_duplicates_nothing(
     learning: Stack, worker: str
 ) -> None:
-    memory = Memory(learning, f"seed-crash-{worker}")
+    memory = Memory(learning, f"seed-crash-{worker}", user=f"user-crash-{worker}")
     # distinct topics: facts that differ by a number alone are near-duplicates
     topics = [
         "apples",

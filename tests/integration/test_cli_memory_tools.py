@@ -24,7 +24,7 @@ from engram_cli.cli_common import CliSettings
 from engram_cli.importer import run_import
 from engram_cli.main import main
 from engram_cli.nats_server import free_port
-from engram_core.events import STREAM_NAME
+from engram_core.events import STREAM_NAME, MemoryChanged
 from engram_core.proto import from_timestamp, pb
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
@@ -32,7 +32,12 @@ from engram_retrieval.server import build_server
 from engram_retrieval.settings import RetrievalSettings
 from engram_testing.asgi import serving
 from engram_testing.upstream import ScriptedUpstream
-from engram_testing.worker_stack import RealRetrieval, running_retrieval, shared_embedder
+from engram_testing.worker_stack import (
+    RealRetrieval,
+    published,
+    running_retrieval,
+    shared_embedder,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -106,9 +111,10 @@ async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nats_url: str) -> Path:
     data = tmp_path / "data"
     monkeypatch.setenv("ENGRAM_DATA_DIR", str(data))
+    monkeypatch.setenv("ENGRAM_NATS_URL", nats_url)
     for name in ("ENGRAM_API_KEY", "ENGRAM_GATEWAY_URL", "ENGRAM_MIRROR_ROOT"):
         monkeypatch.delenv(name, raising=False)
     return data
@@ -124,8 +130,27 @@ async def list_all(retrieval: RealRetrieval, tenant: str, **flt: Any) -> list[pb
 # --- import through gRPC, export, search ----------------------------------------------------
 
 
+async def test_a_grpc_import_without_nats_refuses_before_writing(
+    tmp_path: Path,
+    env: Path,
+    retrieval: RealRetrieval,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("ENGRAM_NATS_URL", f"nats://127.0.0.1:{free_port()}")
+    source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
+    code = await cli("import", str(source), "--via", "grpc", "--retrieval", retrieval.address)
+    assert code == 2
+    assert "the Markdown mirror keeps it; NATS at" in capsys.readouterr().err
+    assert await list_all(retrieval, "default") == []  # nothing half-written
+
+
 async def test_import_grpc_then_export_and_search(
-    tmp_path: Path, env: Path, retrieval: RealRetrieval, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    env: Path,
+    nats_url: str,
+    retrieval: RealRetrieval,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     source = write_jsonl(tmp_path / "chats.jsonl", CHATS)
     grpc_args = ("--via", "grpc", "--retrieval", retrieval.address, "--tenant", "acme")
@@ -150,6 +175,10 @@ async def test_import_grpc_then_export_and_search(
     assert from_timestamp(dog.created_at).isoformat() == "2025-03-01T10:00:00+00:00"
     assert by_text["I live in Lisbon."].turn_index == 3  # content parts joined
     assert not await list_all(retrieval, "default")  # only the tenant named
+    # every memory written is announced, so the mirror (and summarize, evict) keep it
+    announced = await published(nats_url, MemoryChanged)
+    assert sorted(e.memory.id for e in announced) == sorted(m.id for m in turns)
+    assert {(e.op, e.cause, e.tenant) for e in announced} == {("created", "import", "acme")}
 
     # Re-run: everything recorded as done; nothing is sent again.
     assert await cli("import", str(source), *grpc_args) == 0
@@ -615,7 +644,11 @@ async def test_reembed_after_a_model_change(
         assert {m.embedding_model for m in listed.memories} == {"model-b"}
         found = await client.search(
             pb.SearchRequest(
-                tenant="default", query="peanut allergy", conversation_id="cooking", top_k=1
+                tenant="default",
+                query="peanut allergy",
+                user_id="alice",
+                conversation_id="cooking",
+                top_k=1,
             )
         )
         assert found.hits[0].memory.text == "I am allergic to peanuts."

@@ -653,3 +653,20 @@ async def test_client_hanging_up_mid_stream_records_no_assistant_turn(
     assert await jetstream.count() == 1  # the user turn only
     follow_up = await client.post(CHAT, json=chat_body())
     assert follow_up.status_code == 200
+
+
+async def test_open_webui_forwarded_user_header_names_the_user(
+    client: httpx2.AsyncClient, jetstream: Any, fake_retrieval: Any
+) -> None:
+    response = await client.post(CHAT, json=chat_body(), headers={"X-OpenWebUI-User-Id": "owui-42"})
+    assert response.status_code == 200
+    assert fake_retrieval.requests[-1].user_id == "owui-42"
+    user_turn, _ = await jetstream.events(2)
+    assert user_turn.data["user_id"] == "owui-42"
+    # the body's user wins over the header
+    await client.post(
+        CHAT, json=chat_body(user="alice"), headers={"X-OpenWebUI-User-Id": "owui-42"}
+    )
+    assert fake_retrieval.requests[-1].user_id == "alice"
+    bad = await client.post(CHAT, json=chat_body(user="x" * 300))
+    assert_openai_error(bad, 400)

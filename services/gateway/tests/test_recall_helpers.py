@@ -117,7 +117,7 @@ def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., pb.SearchH
     )
     text = render_memory(result_from_pb(complete), now=NOW)
     assert text is not None
-    assert "All 2 stored memories, newest first (there are no others):" in text
+    assert "All 2 stored memories, facts first, then newest first (there are no others):" in text
     assert "1. [2025-03-04] fact: Has a cat.\n2. [2025-03-04] fact: Lives in Berlin." in text
     assert "most relevant" not in text
 
@@ -127,7 +127,9 @@ def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., pb.SearchH
     capped_text = render_memory(result_from_pb(capped), now=NOW) or ""
     assert "The 2 newest of the 4 stored memories:" in capped_text
     text = render_memory(result_from_pb(complete), now=NOW, in_window=1)
-    assert "All 2 other stored memories, newest first (the rest are already in" in (text or "")
+    assert "All 2 other stored memories, facts first, then newest first (the rest are" in (
+        text or ""
+    )
 
     ranked = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_RANKED, hits=hits)
     ranked_text = render_memory(result_from_pb(ranked), now=NOW) or ""
@@ -148,7 +150,7 @@ async def test_small_store_and_nothing_relevant_in_a_chat(
     )
     response = await client.post(CHAT, json=body(("user", "Hello")))
     assert len(response.json()["memory_hits"]) == 2
-    assert "All 2 stored memories, newest first" in injected(scripted_upstream)
+    assert "All 2 stored memories, facts first" in injected(scripted_upstream)
 
     fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
     response = await client.post(CHAT, json=body(("user", "Hello again")))

@@ -312,3 +312,13 @@ def test_small_store_lists_corrected_turns_last_and_facts_before_their_turns() -
     result = rank(pool, [0.1, 0.1, 0.1], RankingParams(), NOW, complete=True)
     assert result.outcome is Outcome.SMALL_STORE
     assert [h.candidate.id for h in result.hits] == ["f2", "t2", "t1"]
+
+
+def test_a_fact_nearly_as_relevant_as_the_best_turn_is_listed_first() -> None:
+    question = said("q", "What is my wife's name?", [1, 0])  # a question asked before
+    fact = said("f", "User's wife's name is Jane", [0, 1], kind="fact")
+    far_fact = said("g", "User loves pizza", [1, 1], kind="fact")
+    params = RankingParams(top_k=3, score_threshold=0.3, mmr_lambda=1.0, small_store_size=0)
+    result = rank([question, fact, far_fact], [0.97, 0.87, 0.4], params, NOW, complete=True)
+    # the fact within 0.15 of the best hit leads; the barely relevant one stays in place
+    assert [h.candidate.id for h in result.hits] == ["f", "q", "g"]

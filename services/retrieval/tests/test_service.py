@@ -12,6 +12,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from engram_core.lifecycle import summary_memory_id
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
@@ -243,6 +244,8 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
                 fact("My dog Biscuit is a beagle.", conversation="c2"),
                 fact("Dogs are welcome in the office.", conversation="global", user=""),
                 fact("Another user's dog is named Rex.", conversation="c9", user="u2"),
+                # A summary under another id (written before summaries were per user):
+                # not attached.
                 pb.Memory(
                     kind=pb.MEMORY_KIND_SUMMARY,
                     user_id="u1",
@@ -251,6 +254,7 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
                     created_at=to_timestamp(FIXED_NOW - timedelta(days=2)),
                 ),
                 pb.Memory(
+                    id=summary_memory_id("acme", "u1", "c1"),
                     kind=pb.MEMORY_KIND_SUMMARY,
                     user_id="u1",
                     conversation_id="c1",
@@ -259,6 +263,7 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
                 ),
                 # Another user's conversation of the same name: never attached for u1.
                 pb.Memory(
+                    id=summary_memory_id("acme", "u2", "c1"),
                     kind=pb.MEMORY_KIND_SUMMARY,
                     user_id="u2",
                     conversation_id="c1",

@@ -4,10 +4,16 @@ services are, the API key, and a one-line error type that becomes exit status 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+from contextlib import suppress
 from pathlib import Path
+from typing import TextIO
 
+from faststream.nats import NatsBroker
 from pydantic import Field, SecretStr
 
+from engram_core.bus import ensure_stream, make_broker
 from engram_core.settings import EngramSettings, load_settings
 
 
@@ -35,6 +41,27 @@ class CliSettings(EngramSettings):
 
 class CommandError(Exception):
     """A problem the user can fix, reported as one line; exit status 2."""
+
+
+async def connect_announcer(
+    nats_url: str, what: str, *, replicas: int = 1, timeout_s: float = 5.0
+) -> NatsBroker:
+    """A connected broker (and the checked ENGRAM stream) for commands that write
+    memories themselves and must announce them, so the mirror keeps them; a clear error
+    when NATS is not there."""
+    broker = make_broker(nats_url, client_name="engram-cli")
+    try:
+        await asyncio.wait_for(ensure_stream(nats_url, replicas), timeout_s)
+        await asyncio.wait_for(broker.connect(), timeout_s)
+    except Exception as exc:
+        with suppress(Exception):
+            await broker.stop()
+        raise CommandError(
+            f"{what} announces every memory it writes on NATS, so the Markdown mirror keeps "
+            f"it; NATS at {nats_url} is unreachable ({type(exc).__name__}). Start the stack "
+            "(engram up) or set ENGRAM_NATS_URL."
+        ) from None
+    return broker
 
 
 def add_retrieval_flag(parser: argparse.ArgumentParser) -> None:
@@ -89,3 +116,41 @@ def api_error(response: object) -> str:
         )
     except (ValueError, KeyError, TypeError):
         return f"{response.status_code} {response.reason_phrase}: {response.text[:200]}"
+
+
+class DoneLog:
+    """What a resumable command has done: append-only JSON lines, a header then one line
+    per finished item (its ``key``). A line cut off by an interruption is ignored, so the
+    file never needs repair; re-running skips every key it holds."""
+
+    def __init__(self, path: Path, header: dict[str, object]) -> None:
+        self.path = path
+        self.header = header
+        self.done: set[str] = set()
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                # "unit": what import state files of earlier versions called the key
+                key = entry.get("key", entry.get("unit")) if isinstance(entry, dict) else None
+                if isinstance(key, str):
+                    self.done.add(key)
+        self._file: TextIO | None = None
+
+    def record(self, key: str, **details: object) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            self._file = self.path.open("a", encoding="utf-8")
+            if fresh:
+                self._file.write(json.dumps(self.header) + "\n")
+        self._file.write(json.dumps({"key": key, **details}) + "\n")
+        self._file.flush()
+        self.done.add(key)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

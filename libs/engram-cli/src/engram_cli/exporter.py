@@ -49,9 +49,10 @@ async def export_jsonl(
     flt = pb.MemoryFilter(
         kinds=[KIND_BY_NAME[k] for k in kinds or ()],
         include_superseded=include_superseded,
-        user_id=user,
         conversation_id=conversation,
     )
+    if user:  # set (even to ""), the filter means exactly that user
+        flt.user_id = user
     written = 0
     try:
         if not await client.is_serving(timeout_s=5.0):

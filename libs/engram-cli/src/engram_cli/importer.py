@@ -41,23 +41,32 @@ from typing import Any, Literal, TextIO
 
 import grpc
 import httpx
+from faststream.nats import NatsBroker
 
 from engram_cli.bench_common import progress
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
+    DoneLog,
     add_gateway_flags,
     add_retrieval_flag,
     api_error,
     auth_headers,
     cli_settings,
+    connect_announcer,
 )
+from engram_core import lifecycle
+from engram_core.bus import publish_event
+from engram_core.events import MemoryChanged, MemoryChangeOp
+from engram_core.memory_record import record_from_pb
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
 Via = Literal["http", "grpc"]
 #: ``POST /v1/memories/add`` takes at most 100 texts.
 HTTP_UNIT = 100
+#: How long an HTTP import waits to tell whether its texts are being learned from.
+LEARNING_WAIT_S = 5.0
 #: Memories per Upsert call.
 GRPC_UNIT = 256
 ROLES = ("user", "assistant", "system", "tool", "developer", "function")
@@ -366,38 +375,14 @@ def skipped_counts(conversations: list[Conversation], units: list[Unit]) -> int:
 # --- the state file --------------------------------------------------------------------------
 
 
-class ImportState:
-    """Append-only JSON lines: a header, then one line per unit accepted. A line cut off
-    by an interruption is ignored, so the file never needs repair."""
+class ImportState(DoneLog):
+    """The import's :class:`DoneLog`: one line per unit accepted."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.done: set[str] = set()
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(entry, dict) and isinstance(entry.get("unit"), str):
-                    self.done.add(entry["unit"])
-        self._file: TextIO | None = None
+        super().__init__(path, {"engram_import_state": STATE_VERSION})
 
-    def record(self, unit: Unit) -> None:
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not self.path.exists() or self.path.stat().st_size == 0
-            self._file = self.path.open("a", encoding="utf-8")
-            if fresh:
-                self._file.write(json.dumps({"engram_import_state": STATE_VERSION}) + "\n")
-        self._file.write(json.dumps({"unit": unit.key, "messages": len(unit.messages)}) + "\n")
-        self._file.flush()
-        self.done.add(unit.key)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    def record_unit(self, unit: Unit) -> None:
+        self.record(unit.key, messages=len(unit.messages))
 
 
 def state_path(settings: CliSettings, source: Path, via: Via, destination: str) -> Path:
@@ -412,6 +397,10 @@ def state_path(settings: CliSettings, source: Path, via: Via, destination: str) 
 
 
 class Sender:
+    async def check(self) -> None:
+        """Fail fast, before anything is sent, when a dependency is not there."""
+        return None
+
     async def send(self, unit: Unit) -> dict[str, int]:
         raise NotImplementedError
 
@@ -423,6 +412,7 @@ class HttpSender(Sender):
     def __init__(self, settings: CliSettings, model: str) -> None:
         self.base = settings.gateway_url.rstrip("/")
         self.model = model
+        self.event_ids: list[str] = []
         self.client = httpx.AsyncClient(
             base_url=self.base, headers=auth_headers(settings), timeout=60.0
         )
@@ -448,20 +438,46 @@ class HttpSender(Sender):
             raise CommandError(f"gateway at {self.base} unreachable: {exc}") from None
         if response.status_code != 202:
             raise CommandError(f"{unit.where}: the gateway refused it: {api_error(response)}")
-        return {"accepted": len(response.json().get("event_ids", []))}
+        event_ids = response.json().get("event_ids", [])
+        self.event_ids += event_ids
+        return {"accepted": len(event_ids)}
+
+    async def learning_status(self, wait_s: float) -> dict[str, Any] | None:
+        """The status of the first text accepted (``GET /v1/events/{id}``), waiting up to
+        ``wait_s`` for it to leave ``pending``; None when nothing was accepted."""
+        if not self.event_ids:
+            return None
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            response = await self.client.get(f"/v1/events/{self.event_ids[0]}")
+            status = response.json() if response.status_code == 200 else {}
+            if status.get("status") != "pending" or asyncio.get_running_loop().time() > deadline:
+                return status
+            await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         await self.client.aclose()
 
 
 class GrpcSender(Sender):
+    """Bulk turns through retrieval's Upsert (ids derived by retrieval, so a re-import is a
+    no-op), each written memory announced on ``engram.memory.changed.v1`` (cause
+    ``import``) so the mirror keeps it (and summarize and evict see it): every write path
+    ends in the mirror. Without NATS the import refuses to start."""
+
     def __init__(self, settings: CliSettings, tenant: str) -> None:
         self.tenant = tenant
+        self.nats_url = settings.nats_url
+        self.replicas = settings.stream_replicas
         self.client = RetrievalClient(settings.retrieval_address, timeout_s=30.0)
+        self.broker: NatsBroker | None = None
 
     async def check(self) -> None:
         if not await self.client.is_serving(timeout_s=5.0):
             raise CommandError(f"retrieval at {self.client.address} is not serving")
+        self.broker = await connect_announcer(
+            self.nats_url, "import --via grpc", replicas=self.replicas
+        )
 
     async def send(self, unit: Unit) -> dict[str, int]:
         memories = []
@@ -488,12 +504,33 @@ class GrpcSender(Sender):
                 f"{unit.where}: Upsert failed: {exc.code().name}: {exc.details()}"
             ) from None
         counts: dict[str, int] = {}
-        for result in reply.results:
+        for memory, result in zip(memories, reply.results, strict=True):
             name = pb.UpsertStatus.Name(result.status).removeprefix("UPSERT_STATUS_").lower()
             counts[name] = counts.get(name, 0) + 1
+            memory.id = result.id
+            memory.created_at.CopyFrom(result.created_at)
+            memory.updated_at.CopyFrom(result.updated_at)
+            # Unchanged ones too: an import made before imports were mirrored is
+            # mirrored when run again (the same state is the same event id).
+            op: MemoryChangeOp = "updated" if name == "updated" else "created"
+            await self._announce(
+                lifecycle.change(self.tenant, record_from_pb(memory), op, cause="import")
+            )
         return counts
 
+    async def _announce(self, event: MemoryChanged) -> None:
+        assert self.broker is not None, "check() connects first"
+        try:
+            await publish_event(self.broker, event)
+        except Exception as exc:
+            raise CommandError(
+                f"NATS did not accept the announcement of {event.memory.id} "
+                f"({type(exc).__name__}); re-run to resume"
+            ) from None
+
     async def close(self) -> None:
+        if self.broker is not None:
+            await self.broker.stop()
         await self.client.close()
 
 
@@ -506,6 +543,8 @@ class ImportResult:
     not_sendable: int = 0  # roles or empty texts this path does not take
     counts: dict[str, int] = field(default_factory=dict)
     state_file: Path | None = None
+    #: What became of the first accepted text (HTTP imports): learned, or skipped and why.
+    learning: dict[str, Any] | None = None
 
 
 async def run_import(
@@ -539,7 +578,7 @@ async def run_import(
     sender = HttpSender(settings, model) if via == "http" else GrpcSender(settings, tenant)
     done = 0
     try:
-        if isinstance(sender, GrpcSender) and todo:
+        if todo:
             await sender.check()
         if on_progress:
             on_progress(0, total)
@@ -547,13 +586,15 @@ async def run_import(
             if limit_units is not None and n >= limit_units:
                 break
             counts = await sender.send(unit)
-            state.record(unit)
+            state.record_unit(unit)
             for key, value in counts.items():
                 result.counts[key] = result.counts.get(key, 0) + value
             done += len(unit.messages)
             result.sent_messages = done
             if on_progress:
                 on_progress(done, total)
+        if isinstance(sender, HttpSender):
+            result.learning = await sender.learning_status(LEARNING_WAIT_S)
     finally:
         state.close()
         await sender.close()
@@ -646,4 +687,17 @@ def import_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if result.not_sendable:
         what = "non-user or empty" if args.via == "http" else "system/tool or empty"
         print(f"not sent: {result.not_sendable} {what} messages", file=out)
+    learning = result.learning or {}
+    if learning.get("status") == "skipped":
+        print(
+            f"engram import: warning: the texts were stored but nothing was learned from "
+            f"them: {learning.get('reason') or 'skipped'}",
+            file=sys.stderr,
+        )
+    elif learning.get("status") == "pending":
+        print(
+            "facts are still being learned in the background; follow one with "
+            f"GET /v1/events/{learning.get('id')}",
+            file=out,
+        )
     return 0

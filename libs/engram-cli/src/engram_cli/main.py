@@ -70,6 +70,18 @@ def _cmd_reembed(args: argparse.Namespace) -> int:
     return reembed_command(args)
 
 
+def _cmd_reextract(args: argparse.Namespace) -> int:
+    from engram_cli.reextract import reextract_command
+
+    return reextract_command(args)
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from engram_cli.migrate import migrate_command
+
+    return migrate_command(args)
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from engram_cli.status import status_command
 
@@ -111,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engram_cli.exporter import add_export_parser
     from engram_cli.importer import add_import_parser
     from engram_cli.mcp_cmd import add_mcp_parser
+    from engram_cli.migrate import add_migrate_parser
     from engram_cli.reembed import add_reembed_parser
+    from engram_cli.reextract import add_reextract_parser
     from engram_cli.search_cmd import add_search_parser
     from engram_cli.status import add_status_parser
 
@@ -119,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(commands, _cmd_export)
     add_search_parser(commands, _cmd_search)
     add_reembed_parser(commands, _cmd_reembed)
+    add_reextract_parser(commands, _cmd_reextract)
+    add_migrate_parser(commands, _cmd_migrate)
     add_status_parser(commands, _cmd_status)
     add_mcp_parser(commands, _cmd_mcp)
     return parser

@@ -78,6 +78,11 @@ class TurnPersisted(Event):
         description="Learn from a turn that is already stored (engram reextract): extract "
         "its facts again instead of taking it for a repeat.",
     )
+    memory_id: str = Field(
+        default="",
+        description="The stored turn this event is about (a re-extraction of a turn imported "
+        "in bulk); empty: the id derives from turn_id.",
+    )
 
 
 def dlq_subject(worker: str) -> str:

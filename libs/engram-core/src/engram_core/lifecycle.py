@@ -41,6 +41,17 @@ HISTORY_OF = "history_of"
 
 #: Fixed forever: changing it would give every history version and event a new id.
 LIFECYCLE_NAMESPACE = uuid.UUID("3f0e7d1c-5a8b-4c2e-9f61-6c6966656379")
+#: Fixed forever: changing it would give every summary a new id.
+SUMMARY_NAMESPACE = uuid.UUID("0b5c0a8e-6d1f-5f7a-9b2e-73756d6d6172")
+
+
+def summary_memory_id(tenant: str, user_id: str, conversation_id: str) -> str:
+    """The one rolling summary of a user's conversation. Without a user the id is the one
+    summaries had before conversations belonged to users, so single-user stores keep
+    their summary; a user's summary written before then is re-keyed by ``engram migrate
+    scopes`` (search attaches only the summary with this id)."""
+    parts = (tenant, conversation_id) if not user_id else (tenant, conversation_id, user_id)
+    return str(uuid.uuid5(SUMMARY_NAMESPACE, "\x1f".join(parts)))
 
 
 def _float32(value: float) -> float:

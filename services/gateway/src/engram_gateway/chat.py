@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import suppress
 from typing import Any
 
@@ -53,6 +53,7 @@ log = get_logger(__name__)
 router = APIRouter()
 
 TURN_HEADER = "X-Engram-Assistant-Turn"
+MAX_USER_CHARS = 256
 
 
 def validate_chat_body(body: dict[str, Any]) -> None:
@@ -81,6 +82,17 @@ def validate_chat_body(body: dict[str, Any]) -> None:
         raise bad_request("user must be a string.", param="user")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise bad_request("stream must be a boolean.", param="stream")
+
+
+def chat_user(body: dict[str, Any], headers: Mapping[str, str], user_header: str) -> str:
+    """Whose memory: the body's ``user``, else the configured user header (what Open
+    WebUI forwards), else no user."""
+    user = body.get("user") or (headers.get(user_header, "") if user_header else "")
+    if len(user) > MAX_USER_CHARS or any(ord(ch) < 32 or ord(ch) == 127 for ch in user):
+        raise bad_request(
+            f"user must be at most {MAX_USER_CHARS} printable characters.", param="user"
+        )
+    return str(user)
 
 
 def assistant_text(payload: dict[str, Any]) -> str:
@@ -124,7 +136,7 @@ async def chat_completions(request: Request) -> Response:
     query = message_text(messages[user_index]).strip() if user_index is not None else ""
     scope = TurnScope.chat(
         tenant=resolve_tenant(request),
-        user_id=forwarded.get("user") or "",
+        user_id=chat_user(forwarded, request.headers, settings.gateway_user_header),
         conversation_id=controls.conversation_id,
         request_id=request_id(request),
         model=forwarded["model"],

@@ -241,17 +241,18 @@ def _hits_heading(result: SearchResult, in_window: int) -> str:
         )
     if result.outcome != "small_store":
         return "Relevant memories (most relevant first):"
-    # Few memories in scope: retrieval returned all of them (up to top_k), newest first.
+    # Few memories in scope: retrieval returned all of them (up to top_k), facts first,
+    # then newest first.
     shown = len(result.hits)
     stored = max(result.candidates_considered, shown + in_window)
     if shown + in_window < stored:
         return f"The {shown} newest of the {stored} stored memories:"
     if in_window:
         return (
-            f"All {shown} other stored memories, newest first "
+            f"All {shown} other stored memories, facts first, then newest first "
             "(the rest are already in this conversation):"
         )
-    return f"All {shown} stored memories, newest first (there are no others):"
+    return f"All {shown} stored memories, facts first, then newest first (there are no others):"
 
 
 def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) -> str | None:

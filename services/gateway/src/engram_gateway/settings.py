@@ -50,6 +50,13 @@ class GatewaySettings(EngramSettings):
         "say (memory_cross_session=false keeps recall to the conversation).",
     )
 
+    gateway_user_header: str = Field(
+        default="X-OpenWebUI-User-Id",
+        max_length=200,
+        description="The request header naming the user when a chat's body has no `user` "
+        "(Open WebUI forwards its user id in this one with ENABLE_FORWARD_USER_INFO_HEADERS); "
+        "empty: only the body's `user`.",
+    )
     gateway_ui: bool = Field(
         default=True, description="Serve the memory browser at /ui (GET / redirects there)."
     )

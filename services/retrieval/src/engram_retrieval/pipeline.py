@@ -29,7 +29,7 @@ import numpy as np
 from opentelemetry import trace
 
 from engram_core import semconv
-from engram_core.lifecycle import is_corrected
+from engram_core.lifecycle import is_corrected, summary_memory_id
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
     GLOBAL_CONVERSATION,
@@ -379,17 +379,14 @@ class SearchPipeline:
     # -- what is attached ----------------------------------------------------------------
 
     async def _summary(self, query: SearchQuery) -> StoredPoint | None:
-        """The rolling summary of this user's conversation."""
-        page = await self.store.list_page(
-            PointFilter(
-                tenant=query.tenant,
-                user_id=query.user_id,
-                conversation_id=query.conversation_id or DEFAULT_CONVERSATION,
-                kinds=("summary",),
-            ),
-            1,
-        )
-        return page.points[0] if page.points else None
+        """The rolling summary of this user's conversation: the one with the summary id
+        of (user, conversation). A user's summary written before conversations belonged
+        to users may mix several users' facts; it is not attached (``engram migrate
+        scopes`` re-keys or rebuilds it)."""
+        conversation = query.conversation_id or DEFAULT_CONVERSATION
+        summary_id = summary_memory_id(query.tenant, query.user_id, conversation)
+        found = await self.store.retrieve(query.tenant, [summary_id])
+        return found[0] if found and found[0].payload.get("kind") == "summary" else None
 
     async def _profile(self, query: SearchQuery) -> list[StoredPoint]:
         """Active profile entries: one per (category, key), highest confidence, then newest."""

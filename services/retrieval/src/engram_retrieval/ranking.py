@@ -8,13 +8,16 @@ Given candidate pools (one per scope) and a relevance score per candidate:
    its relevance multiplied by ``corrected_weight``: it stops competing with the fact
    that replaced it;
 3. small store: when the pools were not truncated and hold at most
-   ``small_store_size`` memories in all, return them newest first (corrected turns last);
+   ``small_store_size`` memories in all, return them all: facts first, then episodes and
+   turns, each newest first, corrected turns last;
 4. drop candidates whose relevance is below ``score_threshold``;
 5. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
    ``total = (1 - w) * relevance + w * recency``;
 6. MMR on embedding cosine: repeatedly pick ``argmax λ·total - (1 - λ)·max_sim(selected)``
    until ``top_k`` are selected; equal objectives go to the smaller id;
-7. a current fact is listed before the turns it was extracted from.
+7. a current fact is listed before the turns it was extracted from, and a current fact
+   nearly as relevant as the best hit (within ``fact_margin``) before every turn: what
+   holds now is read before what was said.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class RankingParams:
     small_store_size: int = 5
     candidate_multiplier: int = 5
     corrected_weight: float = 0.5
+    #: a current fact this close to the best hit's relevance is listed first
+    fact_margin: float = 0.15
 
     @property
     def pool_size(self) -> int:
@@ -292,6 +297,18 @@ def facts_before_sources(hits: list[ScoredCandidate]) -> list[ScoredCandidate]:
     return ordered
 
 
+def facts_first(hits: list[ScoredCandidate], margin: float) -> list[ScoredCandidate]:
+    """The facts (and profile entries) whose relevance is within ``margin`` of the best
+    hit's, ahead of everything else; both groups keep their order."""
+    if not hits:
+        return hits
+    best = max(h.relevance for h in hits)
+    leading = [
+        h for h in hits if h.candidate.kind in ("fact", "profile") and h.relevance >= best - margin
+    ]
+    return leading + [h for h in hits if h not in leading]
+
+
 def pools_complete(pools: Sequence[Sequence[Candidate]], pool_size: int) -> bool:
     """True when no pool hit its limit, i.e. the pools hold every memory in scope."""
     return all(len(pool) < pool_size for pool in pools)
@@ -346,6 +363,13 @@ def mmr_select(
     return picked
 
 
+def _small_store_class(candidate: Candidate) -> int:
+    """Higher comes first in a small store."""
+    if candidate.corrected:
+        return 0
+    return {"fact": 3, "profile": 3, "episode": 2}.get(candidate.kind, 1)
+
+
 def rank(
     candidates: Sequence[Candidate],
     relevance: Sequence[float] | np.ndarray,
@@ -369,12 +393,18 @@ def rank(
         return ScoredCandidate(candidates[i], float(rel[i]), float(rec[i]), float(tot[i]), mmr)
 
     if complete and n <= params.small_store_size:
-        newest_first = sorted(
+        # Facts first (they say what holds now), then episodes and turns, each newest
+        # first; a corrected statement last.
+        by_class = sorted(
             range(n),
-            key=lambda i: (not candidates[i].corrected, candidates[i].created_at, candidates[i].id),
+            key=lambda i: (
+                _small_store_class(candidates[i]),
+                candidates[i].created_at,
+                candidates[i].id,
+            ),
             reverse=True,
         )
-        hits = facts_before_sources([scored(i) for i in newest_first[: params.top_k]])
+        hits = facts_before_sources([scored(i) for i in by_class[: params.top_k]])
         return RankingResult(Outcome.SMALL_STORE, hits, considered=n)
 
     keep = np.flatnonzero(threshold_mask(rel, params.score_threshold))
@@ -385,4 +415,4 @@ def rank(
     vectors = np.stack([np.asarray(candidates[i].vector, dtype=np.float64) for i in keep])
     picked = mmr_select(tot[keep], vectors, params.mmr_lambda, params.top_k)
     hits = facts_before_sources([scored(int(keep[j]), mmr) for j, mmr in picked])
-    return RankingResult(Outcome.RANKED, hits, considered=n)
+    return RankingResult(Outcome.RANKED, facts_first(hits, params.fact_margin), considered=n)

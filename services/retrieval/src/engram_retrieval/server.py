@@ -18,6 +18,7 @@ from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVICE_NAME
 from engram_core.telemetry import instrument_grpc_server
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.pipeline import SearchPipeline
 from engram_retrieval.ranking import RankingParams
 from engram_retrieval.relevance import (
     CalibratedSimilarityScorer,
@@ -71,6 +72,7 @@ def ranking_defaults(settings: RetrievalSettings) -> RankingParams:
         small_store_size=settings.small_store_size,
         candidate_multiplier=settings.candidate_multiplier,
         corrected_weight=settings.search_corrected_weight,
+        fact_margin=settings.search_fact_margin,
     )
 
 
@@ -116,7 +118,7 @@ async def build_server(
         health_servicer = health.aio.HealthServicer()
         for name in (SERVICE_NAME, health.OVERALL_HEALTH):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        servicer = MemoryServicer(
+        pipeline = SearchPipeline(
             store,
             embedder,
             scorer,
@@ -127,6 +129,7 @@ async def build_server(
             tracer=tracer,
             clock=clock,
         )
+        servicer = MemoryServicer(store, embedder, pipeline)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),

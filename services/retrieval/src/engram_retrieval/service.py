@@ -13,11 +13,10 @@ import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any, TypeVar
 
 import grpc
-from opentelemetry import trace
 
 from engram_core import semconv
 from engram_core.logging import get_logger
@@ -36,8 +35,6 @@ from engram_retrieval.payload import (
 )
 from engram_retrieval.pipeline import OutcomeName, SearchPipeline
 from engram_retrieval.pipeline import RequestError as InvalidRequest
-from engram_retrieval.ranking import RankingParams
-from engram_retrieval.relevance import RelevanceScorer
 from engram_retrieval.store import (
     ForeignIdError,
     MemoryStore,
@@ -205,35 +202,13 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     """engram.memory.v1.MemoryService over a :class:`MemoryStore`: validation and
     protobuf in and out; the search itself is :class:`SearchPipeline`."""
 
-    def __init__(
-        self,
-        store: MemoryStore,
-        embedder: Embedder,
-        scorer: RelevanceScorer,
-        defaults: RankingParams,
-        *,
-        candidates: str = "hybrid",
-        first_person_expansion: bool = False,
-        overview_limit: int = 20,
-        tracer: trace.Tracer | None = None,
-        clock: Callable[[], datetime] | None = None,
-    ) -> None:
+    def __init__(self, store: MemoryStore, embedder: Embedder, pipeline: SearchPipeline) -> None:
         self.store = store
         self.embedder = embedder
-        self.pipeline = SearchPipeline(
-            store,
-            embedder,
-            scorer,
-            defaults,
-            candidates=candidates,
-            first_person_expansion=first_person_expansion,
-            overview_limit=overview_limit,
-            tracer=tracer,
-            clock=clock,
-        )
-        self.lexical = self.pipeline.lexical
-        self.clock = self.pipeline.clock
-        self.tracer = self.pipeline.tracer
+        self.pipeline = pipeline
+        self.lexical = pipeline.lexical
+        self.clock = pipeline.clock
+        self.tracer = pipeline.tracer
 
     # -- Search -----------------------------------------------------------------------
 

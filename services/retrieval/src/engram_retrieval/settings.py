@@ -120,6 +120,13 @@ class RetrievalSettings(EngramSettings):
         "gave was superseded or deleted): it stops competing with the current fact "
         "(docs/retrieval.md, 'Corrections').",
     )
+    search_fact_margin: float = Field(
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description="A current fact whose relevance is within this of the best hit's is "
+        "listed before every turn (what holds now is read before what was said).",
+    )
     search_overview_limit: int = Field(
         default=20,
         ge=1,

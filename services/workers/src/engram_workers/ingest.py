@@ -117,7 +117,7 @@ def turn_memory(event: TurnPersisted) -> MemoryRecord:
     if event.request_id:
         metadata["request_id"] = event.request_id
     return MemoryRecord(
-        id=turn_memory_id(event.tenant, event.conversation_id, event.turn_id),
+        id=event.memory_id or turn_memory_id(event.tenant, event.conversation_id, event.turn_id),
         kind="turn",
         role=event.role,
         text=event.text,

@@ -319,6 +319,34 @@ def duplicate_of(text: str, plan: Plan, ctx: FactContext, exclude: set[str]) -> 
     return max(candidates)[1] if candidates else None
 
 
+def learned_record(
+    proposal: FactProposed,
+    memory_id: str,
+    decision: str,
+    replaces: Iterable[MemoryRecord],
+    **content: object,
+) -> MemoryRecord:
+    """A memory learned from the proposal's turn: owned by its user and conversation,
+    dated when the turn was said, naming the turn it came from and what it replaces."""
+    metadata = {"decision": decision, "proposal": proposal.event_id}
+    replaced = [m.id for m in replaces]
+    if replaced:
+        metadata["supersedes"] = ",".join(replaced)
+    return MemoryRecord.model_validate(
+        {
+            "id": memory_id,
+            "user_id": proposal.user_id,
+            "conversation_id": proposal.conversation_id,
+            "source_id": proposal.source_id,
+            "source_turn_ids": [proposal.source_turn_id],
+            "created_at": proposal.turn_created_at,
+            "valid_from": proposal.turn_created_at,
+            "metadata": metadata,
+            **content,
+        }
+    )
+
+
 def fact_record(
     memory_id: str,
     text: str,
@@ -326,21 +354,7 @@ def fact_record(
     targets: list[MemoryRecord],
     proposal: FactProposed,
 ) -> MemoryRecord:
-    metadata = {"decision": decision.action, "proposal": proposal.event_id}
-    if targets:
-        metadata["supersedes"] = ",".join(t.id for t in targets)
-    return MemoryRecord(
-        id=memory_id,
-        kind="fact",
-        text=text,
-        user_id=proposal.user_id,
-        conversation_id=proposal.conversation_id,
-        source_id=proposal.source_id,
-        source_turn_ids=[proposal.source_turn_id],
-        created_at=proposal.turn_created_at,
-        valid_from=proposal.turn_created_at,
-        metadata=metadata,
-    )
+    return learned_record(proposal, memory_id, decision.action, targets, kind="fact", text=text)
 
 
 # --- profile --------------------------------------------------------------------------------
@@ -436,21 +450,14 @@ def profile_record(
     previous = stored.get(memory_id)
     if previous is not None and previous.superseded_by:
         memory_id = profile_memory_id(*args, proposal.source_turn_id)
-    metadata = {"decision": "UPDATE" if replaces else "ADD", "proposal": proposal.event_id}
-    if replaces:
-        metadata["supersedes"] = ",".join(m.id for m in replaces)
-    return MemoryRecord(
-        id=memory_id,
+    return learned_record(
+        proposal,
+        memory_id,
+        "UPDATE" if replaces else "ADD",
+        replaces,
         kind="profile",
         text=f"{entry.category}/{entry.key}: {entry.value}",
         profile=entry,
-        user_id=proposal.user_id,
-        conversation_id=proposal.conversation_id,
-        source_id=proposal.source_id,
-        source_turn_ids=[proposal.source_turn_id],
-        created_at=proposal.turn_created_at,
-        valid_from=proposal.turn_created_at,
-        metadata=metadata,
     )
 
 

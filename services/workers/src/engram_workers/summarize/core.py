@@ -20,11 +20,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from engram_core.lifecycle import summary_memory_id
 from engram_core.memory import MemoryRecord
 from engram_workers import tasks
 
-#: Fixed forever: changing it would give every summary and episode a new id.
-SUMMARY_NAMESPACE = uuid.UUID("0b5c0a8e-6d1f-5f7a-9b2e-73756d6d6172")
+#: Fixed forever: changing it would give every episode a new id.
 EPISODE_NAMESPACE = uuid.UUID("0b5c0a8e-6d1f-5f7a-9b2e-657069736f64")
 
 #: How many of the most recently folded fact ids the summary remembers. A redelivery
@@ -41,15 +41,9 @@ SUMMARIZER_RULES = "rule-based"
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
+__all__ = ["summary_memory_id"]  # re-exported: the summary's identity is a domain rule
+
 # --- ids --------------------------------------------------------------------------------
-
-
-def summary_memory_id(tenant: str, user_id: str, conversation_id: str) -> str:
-    """The one summary of a user's conversation. Without a user the id is the one
-    summaries had before conversations belonged to users, so single-user stores keep
-    their summary."""
-    parts = (tenant, conversation_id) if not user_id else (tenant, conversation_id, user_id)
-    return str(uuid.uuid5(SUMMARY_NAMESPACE, "\x1f".join(parts)))
 
 
 def episode_memory_id(tenant: str, conversation_id: str, turn_ids: Sequence[str]) -> str:
