@@ -20,6 +20,12 @@ help: ## list the targets
 install: $(if $(findstring .tools/,$(UV)),.tools/bin/uv) ## create .venv from uv.lock (all services, dev tools)
 	$(UV) sync --frozen --all-packages
 
+# --inexact: a .venv that `make install` filled keeps its dev tools (no churn between
+# `make run` and `make test`); a fresh clone gets the services and the CLI only.
+.PHONY: install-run
+install-run: $(if $(findstring .tools/,$(UV)),.tools/bin/uv) ## .venv with what running needs (no test, lint or chart tools)
+	$(UV) sync --frozen --all-packages --no-dev --inexact
+
 .PHONY: fmt
 fmt: install ## format and auto-fix the code
 	$(PY) -m ruff format .
@@ -48,7 +54,7 @@ test: install lint helm-check ## install from the lock, lint, check the chart, a
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: run
-run: install ## start the whole local stack (nats-server, retrieval, gateway, workers)
+run: install-run ## start the whole local stack (nats-server, retrieval, gateway, workers)
 	.venv/bin/engram up
 
 .PHONY: bench

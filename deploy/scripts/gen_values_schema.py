@@ -307,6 +307,8 @@ schema = {
         "otel": obj(
             {
                 "endpoint": {"type": "string", "pattern": "^(https?://.+)?$"},
+                "protocol": {"enum": ["grpc", "http/protobuf"]},
+                "pushMetrics": BOOL,
                 "resourceAttributes": {
                     "type": "object",
                     "additionalProperties": {"type": ["string", "number", "boolean"]},

@@ -487,6 +487,34 @@ def test_otel_identity_per_container_and_endpoint_from_values() -> None:
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in named(render(), "ConfigMap", RELEASE)["data"]
 
 
+@pytest.mark.parametrize(
+    ("sets", "protocol", "metrics_exporter"),
+    [
+        ((), "grpc", None),
+        (("otel.protocol=http/protobuf",), "http/protobuf", None),
+        (
+            ("otel.protocol=http/protobuf", "otel.pushMetrics=true"),
+            "http/protobuf",
+            "prometheus,otlp",
+        ),
+    ],
+)
+def test_otlp_protocol_and_metrics_push_from_values(
+    sets: tuple[str, ...], protocol: str, metrics_exporter: str | None
+) -> None:
+    config = named(render("otel.endpoint=http://alloy:4318", *sets), "ConfigMap", RELEASE)["data"]
+    assert config["OTEL_EXPORTER_OTLP_PROTOCOL"] == protocol
+    assert config.get("OTEL_METRICS_EXPORTER") == metrics_exporter
+    # Without an endpoint nothing is exported, so neither is set.
+    quiet = named(render(*sets), "ConfigMap", RELEASE)["data"]
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL" not in quiet and "OTEL_METRICS_EXPORTER" not in quiet
+
+
+def test_an_otlp_protocol_engram_cannot_export_is_refused() -> None:
+    message = "at '/otel/protocol': value must be one of 'grpc', 'http/protobuf'"
+    assert message in render_error("otel.protocol=http/json")
+
+
 # -- helm test and ingress --------------------------------------------------------------
 
 

@@ -3,6 +3,8 @@ client (stream and non-stream), stops cleanly on Ctrl-C, and reuses its data."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -97,6 +99,21 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
             if chunk.choices
         )
         assert streamed == "Streaming hello from upstream"
+        # The client commands find the relocated stack from the same variables alone.
+        status = await asyncio.to_thread(
+            subprocess.run,
+            [str(Path(sys.executable).parent / "engram"), "status", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert report["services"]["gateway"]["url"] == base_url.removesuffix("/v1") + "/readyz"
+        assert report["services"]["retrieval"]["address"] == settings.retrieval_listen
+        assert report["services"]["ingest"]["url"].endswith(f":{settings.health_port_base}/readyz")
         await wait_for(
             lambda: _at_least(settings.retrieval_listen, "bees", 4), 30, what="four turns indexed"
         )

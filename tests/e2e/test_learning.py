@@ -191,13 +191,13 @@ async def test_twenty_five_turns_make_an_episode(learning: Stack) -> None:
 
 
 async def test_the_mirror_writes_files_tombstones_and_commits(learning: Stack) -> None:
-    memory = Memory(learning, "seed-mirror")
+    memory = Memory(learning, "seed-mirror", user="user-mirror")
     await memory.chat("I love tea.")
     await memory.until_facts(["User loves tea"])
     await memory.chat("I hate tea.")
     await memory.until_facts(["User hates tea"])
     root = learning.data_dir / "mirror"
-    conversation_dir = root / TENANT / "seed-mirror"
+    conversation_dir = root / TENANT / "@user-mirror" / "seed-mirror"  # the user's folder
 
     def files(pattern: str) -> list[Path]:
         return sorted(conversation_dir.glob(pattern))

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from engram_cli.importer import run_import
 from engram_cli.main import main
 from engram_cli.nats_server import free_port
 from engram_core.events import STREAM_NAME, MemoryChanged
+from engram_core.memory import MemoryRecord
+from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path
 from engram_core.proto import from_timestamp, pb
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
@@ -506,7 +510,10 @@ async def test_import_search_and_status_through_the_gateway(
         assert status["memories"]["by_kind"]["fact"] == 1
         assert await cli(*status_args) == 1
         out = capsys.readouterr().out
-        assert "gateway    ready" in out and "ingest            4" in out
+        rows = [line.split() for line in out.splitlines()]
+        assert ["gateway", "ready", f"{gateway}/readyz"] in rows  # the services table
+        assert ["ingest", "4", "0", "0"] in rows  # the consumers table: 4 pending
+        assert ["reconcile", "-", "-", "-", "no", "consumer", "yet"] in rows
         assert "memories of tenant 'default': 1 current (fact 1), 0 superseded" in out
 
 
@@ -560,6 +567,67 @@ async def test_export_mirror_copies_the_tenant_directory(
         == 2
     )
     assert "no mirror for tenant 'nobody'" in capsys.readouterr().err
+
+
+def user_tree(root: Path, *, migrated: bool) -> None:
+    """acme: alice's and bob's conversation "default" (a fact and a tombstone each, and
+    alice's summary) plus a tenant-wide fact; in the user layout, or as a mirror from
+    before it left them (everything under <tenant>/<conversation>/)."""
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    memories = [
+        (
+            MemoryRecord(
+                id=str(uuid.uuid4()),
+                kind=kind,
+                text=f"{user or 'all'}: {kind}",
+                user_id=user,
+                conversation_id=conversation,
+                created_at=at,
+            ),
+            deleted,
+        )
+        for user, conversation, kind, deleted in (
+            ("alice", "default", "fact", False),
+            ("alice", "default", "fact", True),
+            ("alice", "default", "summary", False),
+            ("bob", "default", "fact", False),
+            ("bob", "default", "fact", True),
+            ("", "global", "fact", False),
+        )
+    ]
+    for record, deleted in memories:
+        tomb = Tombstone(reason="deleted", at=at, cause="api") if deleted else None
+        rel = str((tombstone_path if deleted else live_path)("acme", record))
+        if not migrated:
+            rel = "/".join(part for part in rel.split("/") if not part.startswith("@"))
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(render(record, "acme", tomb), encoding="utf-8")
+
+
+@pytest.mark.parametrize("migrated", [True, False], ids=["user-layout", "not-migrated"])
+async def test_export_mirror_of_one_user_copies_only_their_files(
+    tmp_path: Path, env: Path, capsys: pytest.CaptureFixture[str], migrated: bool
+) -> None:
+    root = tmp_path / "mirror"
+    user_tree(root, migrated=migrated)
+    target = tmp_path / "alice"
+    args = ("export", "--tenant", "acme", "--mirror", str(target), "--mirror-root", str(root))
+    assert await cli(*args, "--user", "alice") == 0
+    assert "copied 3 memory files of user 'alice' of tenant 'acme'" in capsys.readouterr().out
+    copied = sorted(p for p in target.rglob("*.md"))
+    texts = sorted(p.read_text().rsplit("\n", 2)[-2] for p in copied)
+    assert texts == ["alice: fact", "alice: fact", "alice: summary"]
+    prefix = "@alice/default" if migrated else "default"
+    assert all(str(p.relative_to(target)).startswith(prefix) for p in copied)
+    # The whole tenant, without --user: both users and the tenant-wide fact.
+    assert await cli(*args[:4], str(tmp_path / "all"), *args[5:]) == 0
+    assert "copied 6 memory files of tenant 'acme'" in capsys.readouterr().out
+    # A user with no files is an error, not an empty copy.
+    assert await cli(*args[:4], str(tmp_path / "nobody"), *args[5:], "--user", "carol") == 2
+    assert "no memory files of user 'carol'" in capsys.readouterr().err
+    # --kind and --conversation filter JSON lines only: said, not ignored.
+    assert await cli(*args[:4], str(tmp_path / "k"), *args[5:], "--kind", "fact") == 2
+    assert "--mirror copies files" in capsys.readouterr().err
 
 
 # --- reembed --------------------------------------------------------------------------------
@@ -679,3 +747,30 @@ async def test_reembed_all_tenants_reads_them_from_the_mirror(
     assert "tenant 'acme': 0 memories" in out and "tenant 'globex': 0 memories" in out
     assert await cli("reembed", "--all-tenants", "--mirror-root", str(tmp_path / "x")) == 2
     assert "reads the tenants from the mirror" in capsys.readouterr().err
+
+
+async def test_reembed_all_tenants_on_the_user_layout(
+    tmp_path: Path, env: Path, retrieval: RealRetrieval, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "mirror"
+    user_tree(root, migrated=True)
+    # A tenant id too long for a directory name: the directory is shortened, and the
+    # tenant is read from the front matter of a file in it.
+    long_tenant = "t" * 200
+    record = MemoryRecord(id=str(uuid.uuid4()), kind="fact", text="x", user_id="alice")
+    rel = root / str(live_path(long_tenant, record))
+    rel.parent.mkdir(parents=True)
+    rel.write_text(render(record, long_tenant), encoding="utf-8")
+    args = (
+        "reembed",
+        "--all-tenants",
+        "--mirror-root",
+        str(root),
+        "--retrieval",
+        retrieval.address,
+    )
+    assert await cli(*args) == 0
+    out = capsys.readouterr().out
+    assert "tenant 'acme': 0 memories" in out
+    assert f"tenant '{long_tenant}': 0 memories" in out
+    assert "'@alice'" not in out and "'default'" not in out  # users are not tenants

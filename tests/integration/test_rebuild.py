@@ -12,6 +12,7 @@ import pytest
 from engram_cli.main import main
 from engram_core.events import MemoryChanged
 from engram_core.memory import MemoryRecord, ProposedProfileFact
+from engram_core.mirror_format import live_path, render
 from engram_core.proto import pb
 from engram_testing.worker_stack import running_retrieval
 from engram_workers.mirror import Mirror
@@ -86,7 +87,7 @@ async def test_rebuild_restores_an_empty_index_from_the_mirror(
 ) -> None:
     root = tmp_path / "mirror"
     await write_mirror(root)
-    (root / "acme" / "c1" / "facts" / "broken.md").write_text("no front matter\n")
+    (root / "acme" / "@u1" / "c1" / "facts" / "broken.md").write_text("no front matter\n")
 
     async with running_retrieval(tmp_path / "fresh-index") as server:
         client = server.client
@@ -99,7 +100,7 @@ async def test_rebuild_restores_an_empty_index_from_the_mirror(
         out, err = capsys.readouterr()
         assert code == 1  # one file could not be read; everything else was rebuilt
         assert "broken.md: no front matter" in err
-        assert "rebuild [##############################] 6/6" in err  # the progress bar
+        assert "rebuild 6/6 (100%)" in err.splitlines()  # the progress bar: a line per tenth
         assert "rebuilt 6 memories" in out and "5 live, 1 superseded" in out
         assert "(created 6, updated 0, unchanged 0)" in out
         assert "not re-indexed: 2 tombstones (1 deleted, 1 evicted)" in out
@@ -121,7 +122,7 @@ async def test_rebuild_restores_an_empty_index_from_the_mirror(
         assert [m.text for m in other.memories] == ["I like tea."]
 
         # Again: the same memories, nothing changes.
-        (root / "acme" / "c1" / "facts" / "broken.md").unlink()
+        (root / "acme" / "@u1" / "c1" / "facts" / "broken.md").unlink()
         assert await run_cli("--mirror-root", str(root), "--retrieval", server.address) == 0
         out, _ = capsys.readouterr()
         assert "(created 0, updated 0, unchanged 6)" in out
@@ -147,3 +148,85 @@ async def test_rebuild_reports_a_missing_mirror(
     code = await run_cli("--mirror-root", str(tmp_path / "nope"), "--retrieval", "127.0.0.1:1")
     assert code == 2
     assert "no mirror at" in capsys.readouterr().err
+
+
+# --- conversations belong to users ---------------------------------------------------------
+
+ALICE = "aaaaaaaa-0000-4000-8000-000000000001"
+BOB = "aaaaaaaa-0000-4000-8000-000000000002"
+ALICE_SUMMARY = "aaaaaaaa-0000-4000-8000-000000000003"
+OFFICE = "aaaaaaaa-0000-4000-8000-000000000004"
+DOG_QUESTION = "What is my pet called?"
+
+
+def two_users() -> list[MemoryRecord]:
+    """Two users who both use the conversation "default", and a tenant-wide fact."""
+    return [
+        rec(ALICE, "My dog is called Rex.", user_id="alice", conversation_id="default"),
+        rec(BOB, "My cat is called Tom.", user_id="bob", conversation_id="default"),
+        rec(
+            ALICE_SUMMARY,
+            "Alice talked about her dog Rex.",
+            "summary",
+            user_id="alice",
+            conversation_id="default",
+        ),
+        rec(OFFICE, "The office opens at 9.", user_id="", conversation_id="global"),
+    ]
+
+
+async def recalled(client, user: str, query: str = DOG_QUESTION) -> list[str]:
+    search = pb.SearchRequest(tenant="acme", query=query, user_id=user, conversation_id="default")
+    return [hit.memory.text for hit in (await client.search(search)).hits]
+
+
+async def test_rebuild_from_the_user_layout_keeps_each_users_memories_theirs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "mirror"
+    mirror = Mirror(root, commit_interval_s=60, watch=False)
+    await mirror.start()
+    for record in two_users():
+        await mirror.apply(MemoryChanged(tenant="acme", op="created", memory=record))
+    await mirror.close()
+    assert (root / "acme" / "@alice" / "default" / "summaries" / "summary.md").is_file()
+    # A file dropped into alice's folder with no user_id: alice's, from where it lies.
+    dropped = root / "acme" / "@alice" / "default" / "facts" / "note.md"
+    dropped.write_text(
+        "---\nid: aaaaaaaa-0000-4000-8000-000000000005\nkind: fact\n---\n\n"
+        "My dog Rex is afraid of thunder.\n",
+        encoding="utf-8",
+    )
+
+    async with running_retrieval(tmp_path / "fresh-index") as server:
+        assert await run_cli("--mirror-root", str(root), "--retrieval", server.address) == 0
+        assert "rebuilt 5 memories" in capsys.readouterr().out
+        alice = await recalled(server.client, "alice")
+        bob = await recalled(server.client, "bob")
+        assert "My dog is called Rex." in alice and "My dog Rex is afraid of thunder." in alice
+        assert "My cat is called Tom." in bob
+        assert not {"My dog is called Rex.", "My dog Rex is afraid of thunder."} & set(bob)
+        assert "My cat is called Tom." not in alice
+        got = await server.client.get(pb.GetRequest(tenant="acme", ids=[ALICE_SUMMARY, OFFICE]))
+        by_id = {m.id: m for m in got.memories}
+        assert (by_id[ALICE_SUMMARY].user_id, by_id[OFFICE].user_id) == ("alice", "")
+
+
+async def test_rebuild_reads_a_tree_not_migrated_yet_by_its_front_matter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "mirror"
+    for record in two_users():
+        # Where a mirror from before the user level wrote them: <tenant>/<conversation>/.
+        rel = "/".join(p for p in str(live_path("acme", record)).split("/") if p[0] != "@")
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(render(record, "acme"), encoding="utf-8")
+    assert sorted(p.name for p in (root / "acme").iterdir()) == ["default", "global"]
+
+    async with running_retrieval(tmp_path / "fresh-index") as server:
+        assert await run_cli("--mirror-root", str(root), "--retrieval", server.address) == 0
+        assert "rebuilt 4 memories" in capsys.readouterr().out
+        assert "My dog is called Rex." in await recalled(server.client, "alice")
+        assert "My dog is called Rex." not in await recalled(server.client, "bob")
+        got = await server.client.get(pb.GetRequest(tenant="acme", ids=[ALICE, BOB]))
+        assert sorted(m.user_id for m in got.memories) == ["alice", "bob"]

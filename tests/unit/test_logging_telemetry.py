@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from pathlib import Path
@@ -51,3 +52,58 @@ def test_span_file_records_parent_links(provider: TracerProvider, tmp_path: Path
     assert spans["child"]["trace_id"] == spans["parent"]["trace_id"]
     assert spans["parent"]["parent_span_id"] is None
     assert spans["parent"]["service"] == "engram-test"
+
+
+class _Terminal:
+    """Stands in for a terminal's stderr."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        return None
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _log_line(monkeypatch: pytest.MonkeyPatch, fmt: str | None, terminal: bool) -> str:
+    stream = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    try:
+        if fmt is None:
+            configure_logging("engram-test", level="info")
+        else:
+            configure_logging("engram-test", level="info", fmt=fmt)
+        get_logger("test").info("hello", turn=3)
+    finally:
+        logging.getLogger().handlers.clear()
+    return stream.text if isinstance(stream, _Terminal) else stream.getvalue()
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_json_is_the_default_even_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool
+) -> None:
+    record = json.loads(_log_line(monkeypatch, None, terminal))
+    assert record["event"] == "hello" and record["service"] == "engram-test"
+
+
+def test_console_is_readable_and_coloured_only_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain = _log_line(monkeypatch, "console", terminal=False)
+    assert "hello" in plain and "turn=3" in plain and not plain.startswith("{")
+    assert "\x1b[" not in plain  # a log file gets no escape codes
+    assert "\x1b[" in _log_line(monkeypatch, "console", terminal=True)
+
+
+def test_auto_is_console_on_a_terminal_and_json_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert not _log_line(monkeypatch, "auto", terminal=True).startswith("{")
+    assert json.loads(_log_line(monkeypatch, "auto", terminal=False))["event"] == "hello"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from engram_cli.scripted_grammar import third_person
 from engram_cli.scripted_llm import RuleBasedBrain
 
 brain = RuleBasedBrain(chat_reply="Sure.")
@@ -51,6 +52,10 @@ def ask(task: str, payload: dict) -> dict:
     ],
 )
 def test_extraction(message: str, facts: list[str], profile: list[tuple]) -> None:
+    assert_extracts(message, facts, profile)
+
+
+def assert_extracts(message: str, facts: list[str], profile: list[tuple]) -> None:
     answer = ask("extract_facts", {"message": message, "date": "2026-01-01"})
     assert answer["facts"] == facts
     assert [
@@ -93,3 +98,68 @@ def test_summary_accumulates_without_repeats_and_chat_gets_the_fixed_reply() -> 
     )
     assert second["summary"] == "User loves pizza. User works as a nurse."
     assert brain({"messages": [{"role": "user", "content": "hi"}]}) == "Sure."
+
+
+@pytest.mark.parametrize(
+    ("message", "facts", "profile"),
+    [
+        ("I moved to Lisbon.", ["User moved to Lisbon"], []),
+        (
+            "My wife's name is Anne and I love hiking.",
+            ["User's wife's name is Anne", "User loves hiking"],
+            [("identity", "wife_name", "Anne", 0.9)],
+        ),
+        ("I love hiking and swimming.", ["User loves hiking and swimming"], []),
+        (
+            "I live in Lisbon, but my family lives in Porto; I visit them often.",
+            ["User lives in Lisbon", "User's family lives in Porto", "User visits them often"],
+            [],
+        ),
+        (
+            "I'm allergic to peanuts.",
+            ["User is allergic to peanuts"],
+            [("constraint", "allergy", "peanuts", 0.9)],
+        ),
+        ("I study law and I watch films.", ["User studies law", "User watches films"], []),
+        ("I don't eat meat.", ["User doesn't eat meat"], []),
+        ("I think I prefer tea.", ["User prefers tea"], [("preference", "general", "tea", 0.4)]),
+        ("Hi! I have two cats. Do you like cats?", ["User has two cats"], []),
+    ],
+)
+def test_extraction_of_compound_and_past_statements(
+    message: str, facts: list[str], profile: list[tuple]
+) -> None:
+    assert_extracts(message, facts, profile)
+
+
+@pytest.mark.parametrize(
+    ("first_person", "third"),
+    [
+        ("I moved to Lisbon", "User moved to Lisbon"),
+        ("I love hiking", "User loves hiking"),
+        ("I study law", "User studies law"),
+        ("I play chess", "User plays chess"),
+        ("I go to the gym", "User goes to the gym"),
+        ("I watch films", "User watches films"),
+        ("I fix bikes", "User fixes bikes"),
+        ("I miss my dog", "User misses User's dog"),
+        ("I have two cats", "User has two cats"),
+        ("I need a new laptop", "User needs a new laptop"),
+        ("I went to Paris", "User went to Paris"),
+        ("I was born in Oslo", "User was born in Oslo"),
+        ("I can swim", "User can swim"),
+        ("I don't eat meat", "User doesn't eat meat"),
+        ("I do not smoke", "User does not smoke"),
+        ("I never drink coffee", "User never drinks coffee"),
+        ("I really enjoy jazz", "User really enjoys jazz"),
+        ("I'm a nurse", "User is a nurse"),
+        ("I am a nurse", "User is a nurse"),
+        ("I've got a dog", "User has got a dog"),
+        ("I'll start a new job", "User will start a new job"),
+        ("My wife and I live in Porto", "User's wife and User live in Porto"),
+        ("My sister gave me a book", "User's sister gave User a book"),
+        ("my name is Rob.", "User's name is Rob"),
+    ],
+)
+def test_third_person(first_person: str, third: str) -> None:
+    assert third_person(first_person) == third

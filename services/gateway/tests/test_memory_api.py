@@ -12,6 +12,7 @@ import httpx2
 import pytest
 
 from engram_core.event_status import EventStatusStore
+from engram_core.lifecycle import summary_memory_id
 from engram_core.proto import pb, to_timestamp
 from engram_gateway.keys import entry_for
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
@@ -169,6 +170,8 @@ async def test_search_returns_hits_scores_summary_and_profile(
             tenant="tenant-a",
             memories=[
                 pb.Memory(
+                    # the summarize worker's id for alice's "fam": the one search attaches
+                    id=summary_memory_id("tenant-a", "alice", "fam"),
                     kind=pb.MEMORY_KIND_SUMMARY,
                     conversation_id="fam",
                     user_id="alice",

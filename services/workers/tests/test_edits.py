@@ -45,9 +45,9 @@ class Stack:
     mirror: Mirror
     nats_url: str
 
-    async def hits(self, query: str) -> list[str]:
+    async def hits(self, query: str, user: str = "u1") -> list[str]:
         reply = await self.retrieval.search(
-            pb.SearchRequest(tenant=TENANT, query=query, user_id="u1", conversation_id="c1")
+            pb.SearchRequest(tenant=TENANT, query=query, user_id=user, conversation_id="c1")
         )
         return [hit.memory.text for hit in reply.hits]
 
@@ -198,21 +198,26 @@ async def test_deleting_a_file_removes_the_memory_and_leaves_a_tombstone(
     )
 
 
-async def test_a_hand_written_file_becomes_a_memory(stack: Stack, publisher) -> None:
+async def test_a_file_dropped_into_a_users_folder_is_recalled_for_that_user(
+    stack: Stack, publisher
+) -> None:
     await stack.seed(publisher, "I work as a nurse.")
-    note = stack.root / "acme" / "c1" / "facts" / "my note.md"
+    # No user_id in the front matter: the folder says whose it is.
+    note = stack.root / "acme" / "@u1" / "c1" / "facts" / "my note.md"
     note.write_text(
-        "---\nkind: fact\nuser_id: u1\ntags: [health]\n---\n\nI am allergic to cats.\n",
-        encoding="utf-8",
+        "---\nkind: fact\ntags: [health]\n---\n\nI am allergic to cats.\n", encoding="utf-8"
     )
 
     async def searchable() -> bool:
         return "I am allergic to cats." in await stack.hits("Am I allergic to any animals?")
 
     await eventually(searchable, what="the new memory in Search")
+    # Another user of the tenant with the same conversation id does not recall it.
+    assert "I am allergic to cats." not in await stack.hits("Am I allergic to cats?", user="u2")
     [edit] = await published(stack.nats_url, MemoryEdited)
     stored = await stack.get(edit.memory.id)
     assert stored is not None and list(stored.tags) == ["health"]
+    assert (stored.user_id, stored.conversation_id) == ("u1", "c1")
     # The hand-made name gives way to the canonical one, which carries the id.
     canonical = stack.path(stored)
     await eventually(lambda: canonical.exists() and not note.exists(), what="the canonical file")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -15,9 +15,12 @@ from engram_core.mirror_format import (
     decode_component,
     encode_component,
     live_path,
+    memory_files,
+    misplacement,
     parse,
     render,
     tombstone_path,
+    under_deleted,
 )
 
 ID = "3f0c0e1a-1111-4222-8333-444455556666"
@@ -40,17 +43,24 @@ def record(**overrides: object) -> MemoryRecord:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({}, f"acme/c1/facts/20260301T123000Z__{ID}.md"),
-        ({"kind": "turn", "role": "user"}, f"acme/c1/turns/user/20260301T123000Z__{ID}.md"),
+        ({}, f"acme/@u1/c1/facts/20260301T123000Z__{ID}.md"),
+        ({"kind": "turn", "role": "user"}, f"acme/@u1/c1/turns/user/20260301T123000Z__{ID}.md"),
         (
             {"kind": "turn", "role": "assistant"},
-            f"acme/c1/turns/assistant/20260301T123000Z__{ID}.md",
+            f"acme/@u1/c1/turns/assistant/20260301T123000Z__{ID}.md",
         ),
-        ({"kind": "turn", "role": "weird"}, f"acme/c1/turns/other/20260301T123000Z__{ID}.md"),
-        ({"kind": "profile"}, f"acme/c1/profile/20260301T123000Z__{ID}.md"),
-        ({"kind": "episode"}, f"acme/c1/episodes/20260301T123000Z__{ID}.md"),
-        ({"kind": "summary"}, "acme/c1/summaries/summary.md"),
-        ({"created_at": None}, f"acme/c1/facts/undated__{ID}.md"),
+        ({"kind": "turn", "role": "weird"}, f"acme/@u1/c1/turns/other/20260301T123000Z__{ID}.md"),
+        ({"kind": "profile"}, f"acme/@u1/c1/profile/20260301T123000Z__{ID}.md"),
+        ({"kind": "episode"}, f"acme/@u1/c1/episodes/20260301T123000Z__{ID}.md"),
+        ({"kind": "summary"}, "acme/@u1/c1/summaries/summary.md"),
+        ({"created_at": None}, f"acme/@u1/c1/facts/undated__{ID}.md"),
+        # No user: the level every single-user tree has always had.
+        ({"user_id": ""}, f"acme/c1/facts/20260301T123000Z__{ID}.md"),
+        ({"user_id": "", "kind": "summary"}, "acme/c1/summaries/summary.md"),
+        (
+            {"user_id": "", "conversation_id": "global"},
+            f"acme/global/facts/20260301T123000Z__{ID}.md",
+        ),
     ],
 )
 def test_live_layout(overrides: dict[str, object], expected: str) -> None:
@@ -59,10 +69,13 @@ def test_live_layout(overrides: dict[str, object], expected: str) -> None:
 
 def test_tombstones_keep_the_sub_path_under_deleted() -> None:
     assert str(tombstone_path("acme", record())) == (
-        f"acme/c1/deleted/facts/20260301T123000Z__{ID}.md"
+        f"acme/@u1/c1/deleted/facts/20260301T123000Z__{ID}.md"
     )
     summary = record(kind="summary")
-    assert str(tombstone_path("acme", summary)).startswith("acme/c1/deleted/summaries/2026")
+    assert str(tombstone_path("acme", summary)).startswith("acme/@u1/c1/deleted/summaries/2026")
+    assert str(tombstone_path("acme", record(user_id=""))) == (
+        f"acme/c1/deleted/facts/20260301T123000Z__{ID}.md"
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,8 +93,13 @@ def test_path_components_never_escape_and_round_trip(hostile: str) -> None:
     assert len(encoded) <= 120
     if len(hostile) < 40:
         assert decode_component(encoded) == hostile
-    path = live_path(hostile, record(conversation_id=hostile))
-    assert len(path.parts) == 4 and ".." not in path.parts
+    path = live_path(hostile, record(conversation_id=hostile, user_id=hostile))
+    assert len(path.parts) == 5 and ".." not in path.parts
+    assert path.parts[1].startswith("@") and not path.parts[2].startswith("@")
+    info = classify(path)
+    assert info is not None and info.kind == "fact"
+    if len(hostile) < 40:
+        assert (info.tenant, info.user_id, info.conversation_id) == (hostile, hostile, hostile)
 
 
 def test_long_ids_are_hashed_and_distinct() -> None:
@@ -124,8 +142,9 @@ def test_render_parse_round_trip_with_every_field() -> None:
 def test_classify() -> None:
     info = classify(f"acme/c1/turns/user/20260301T123000Z__{ID}.md")
     assert info is not None
-    assert (info.tenant, info.conversation_id, info.kind, info.role) == (
+    assert (info.tenant, info.user_id, info.conversation_id, info.kind, info.role) == (
         "acme",
+        "",
         "c1",
         "turn",
         "user",
@@ -140,6 +159,8 @@ def test_classify() -> None:
         "acme/c1/facts/.summary.md.abc.tmp",
         "acme/c1/facts/.hidden.md",
         "acme/c1/facts/notes.txt",
+        "acme/@alice/notes.md",  # a user's folder holds conversations, not files
+        "acme/@alice/.c1/facts/x.md",
     ):
         assert classify(ignored) is None, ignored
     assert classify(PurePosixPath("acme/c1/free.md")) is not None  # kind from front matter
@@ -193,3 +214,155 @@ def test_malformed_files_are_rejected_with_a_reason(content: str, message: str) 
 def test_a_missing_id_is_an_error_without_new_id() -> None:
     with pytest.raises(MirrorFormatError, match="no id"):
         parse("---\nkind: fact\n---\nx\n", classify("acme/c1/facts/x.md"))
+
+
+# --- the user level --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("user_id", "conversation_id", "directory"),
+    [
+        ("alice", "default", "acme/@alice/default"),
+        ("bob", "default", "acme/@bob/default"),  # same conversation id, another folder
+        ("@x", "c1", "acme/@%40x/c1"),  # a user named "@x": the "@" is escaped
+        ("global", "global", "acme/@global/global"),  # a user named "global" is a user
+        ("", "global", "acme/global"),  # the tenant-wide bucket
+        ("", "@x", "acme/%40x"),  # a conversation can never look like a user folder
+        ("a/b", "c d", "acme/@a%2Fb/c%20d"),
+    ],
+)
+def test_a_users_conversation_has_its_own_folder_and_classify_reads_it_back(
+    user_id: str, conversation_id: str, directory: str
+) -> None:
+    memory = record(user_id=user_id, conversation_id=conversation_id)
+    for path in (live_path("acme", memory), tombstone_path("acme", memory)):
+        assert str(path).startswith(directory + "/")
+        info = classify(path)
+        assert info is not None
+        assert (info.tenant, info.user_id, info.conversation_id, info.kind) == (
+            "acme",
+            user_id,
+            conversation_id,
+            "fact",
+        )
+        assert info.deleted == ("/deleted/" in str(path))
+        assert info.id_from_name == ID
+        assert under_deleted(path) == info.deleted
+
+
+def test_two_users_summaries_of_one_conversation_do_not_collide() -> None:
+    alice = record(kind="summary", user_id="alice", conversation_id="default")
+    bob = record(kind="summary", user_id="bob", conversation_id="default")
+    assert str(live_path("acme", alice)) == "acme/@alice/default/summaries/summary.md"
+    assert str(live_path("acme", bob)) == "acme/@bob/default/summaries/summary.md"
+
+
+def test_long_user_ids_are_hashed_and_classify_says_it_cannot_read_them() -> None:
+    long_user = "u" * 300
+    path = live_path("acme", record(user_id=long_user))
+    user_dir = path.parts[1]
+    assert user_dir.startswith("@") and len(user_dir) <= 121 and "~" in user_dir
+    assert user_dir != live_path("acme", record(user_id="u" * 299 + "v")).parts[1]
+    info = classify(path)
+    assert info is not None and info.user_id is None and info.conversation_id == "c1"
+    # The front matter carries the id, so the file still parses to the right user.
+    parsed = parse(render(record(user_id=long_user), "acme"), info)
+    assert parsed.record.user_id == long_user
+    assert misplacement(parsed, info) is None
+
+
+def test_classify_and_under_deleted_see_the_user_level() -> None:
+    assert under_deleted("acme/@alice/c1/deleted")
+    assert under_deleted(f"acme/@alice/c1/deleted/facts/x__{ID}.md")
+    assert under_deleted("acme/c1/deleted/facts/x.md")
+    assert not under_deleted("acme/@alice/deleted/facts/x.md")  # a conversation named deleted
+    assert not under_deleted("acme/c1/facts/x.md")
+    named_deleted = classify("acme/@alice/deleted/facts/x.md")
+    assert named_deleted is not None and named_deleted.conversation_id == "deleted"
+    assert not named_deleted.deleted
+    unreadable = classify("acme/@/c1/facts/x.md")  # "@" alone is no user id
+    assert unreadable is not None and unreadable.user_id is None
+
+
+def test_memory_files_walks_both_levels(tmp_path: Path) -> None:
+    for rel in (
+        "acme/global/facts/a.md",
+        "acme/@alice/default/facts/b.md",
+        "acme/@alice/default/deleted/facts/c.md",
+        "acme/@alice/stray.md",  # not in a conversation: not a memory file
+        "acme/notes.md",
+        "README.md",
+        "acme/@alice/default/facts/.d.md.x.tmp",
+    ):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x", encoding="utf-8")
+    (tmp_path / "globex/c1/facts").mkdir(parents=True)
+    (tmp_path / "globex/c1/facts/e.md").write_text("x", encoding="utf-8")
+    acme = [
+        "acme/@alice/default/deleted/facts/c.md",
+        "acme/@alice/default/facts/b.md",
+        "acme/global/facts/a.md",
+    ]
+    assert memory_files(tmp_path) == [*acme, "globex/c1/facts/e.md"]
+    assert memory_files(tmp_path, "acme") == acme  # one tenant's, still root-relative
+    assert memory_files(tmp_path, "nobody") == []
+
+
+def test_a_file_dropped_into_a_users_folder_is_that_users() -> None:
+    parsed = parse(
+        "---\nkind: fact\n---\n\nI am allergic to cats.\n",
+        classify("acme/@alice/c1/facts/note.md"),
+        new_id=lambda: ID,
+    )
+    assert (parsed.record.user_id, parsed.record.conversation_id) == ("alice", "c1")
+    info = classify("acme/@alice/c1/facts/note.md")
+    assert info is not None and misplacement(parsed, info) is None
+    # Dropped at the no-user level, it has no user (and belongs there).
+    at_top = classify("acme/c1/facts/note.md")
+    assert at_top is not None
+    plain = parse("---\nkind: fact\n---\n\nx\n", at_top, new_id=lambda: ID)
+    assert plain.record.user_id == "" and misplacement(plain, at_top) is None
+
+
+@pytest.mark.parametrize(
+    ("rel", "front", "reason"),
+    [
+        (
+            "acme/@alice/c1/facts/x.md",
+            "user_id: bob",
+            "user_id 'bob' differs from the directory '@alice'",
+        ),
+        (
+            "acme/@alice/c1/facts/x.md",
+            "user_id: ''",
+            "user_id '' differs from the directory '@alice'",
+        ),
+        ("acme/c1/facts/x.md", "user_id: alice", "belong under '@alice'"),
+        (
+            "acme/@alice/c1/facts/x.md",
+            "conversation_id: c2",
+            "conversation_id 'c2' differs from the directory 'c1'",
+        ),
+        ("acme/c1/facts/x.md", "conversation_id: c2", "conversation_id 'c2'"),
+        (
+            # not a reversible name: no user to infer
+            f"acme/@{encode_component('u' * 300)}/c1/facts/x.md",
+            "kind: fact",
+            "cannot be read back from the name: write the user_id",
+        ),
+        (
+            f"acme/@alice/{encode_component('c' * 300)}/facts/x.md",
+            "kind: fact",
+            "write the conversation_id in the front matter",
+        ),
+    ],
+)
+def test_a_file_naming_another_scope_than_its_folder_is_misplaced(
+    rel: str, front: str, reason: str
+) -> None:
+    info = classify(rel)
+    assert info is not None
+    parsed = parse(f"---\n{front}\n---\n\nI am allergic to cats.\n", info, new_id=lambda: ID)
+    problem = misplacement(parsed, info)
+    assert problem is not None and reason in problem, problem
+    assert "allergic" not in problem  # never the file's text

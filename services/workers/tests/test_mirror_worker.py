@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
+import subprocess
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,11 +20,12 @@ import yaml
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryEdited
 from engram_core.memory import MemoryRecord
-from engram_core.mirror_format import live_path, tombstone_path
+from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path
 from engram_testing.mirror_support import git_log, git_status
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import consumer_settled, published, quick_settings, running_worker
 from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
+from engram_workers.mirror.migration import MigrationPlan, plan_migration
 
 pytestmark = pytest.mark.integration
 
@@ -136,11 +139,11 @@ async def test_every_kind_is_a_file_with_front_matter_and_nothing_echoes(
         await asyncio.sleep(0.5)
         assert await published(nats_url, MemoryEdited) == []
 
-    assert paths[TURN_ID] == root / f"acme/c1/turns/user/20260301T120000Z__{TURN_ID}.md"
-    assert paths[reply.id].parent == root / "acme/c1/turns/assistant"
-    assert paths[summary.id] == root / "acme/c1/summaries/summary.md"
-    assert paths[episode.id].parent == root / "acme/c1/episodes"
-    assert paths[profile.id].parent == root / "acme/c1/profile"
+    assert paths[TURN_ID] == root / f"acme/@u1/c1/turns/user/20260301T120000Z__{TURN_ID}.md"
+    assert paths[reply.id].parent == root / "acme/@u1/c1/turns/assistant"
+    assert paths[summary.id] == root / "acme/@u1/c1/summaries/summary.md"
+    assert paths[episode.id].parent == root / "acme/@u1/c1/episodes"
+    assert paths[profile.id].parent == root / "acme/@u1/c1/profile"
     front, body = front_matter(paths[FACT_ID])
     assert body == "The user's name is Jane."
     assert front == {
@@ -204,7 +207,7 @@ async def test_superseded_deleted_and_evicted_become_tombstones_in_one_commit(
     assert (root / str(live_path("acme", new))).exists()
 
     superseded = root / str(tombstone_path("acme", old))
-    assert superseded == root / f"acme/c1/deleted/facts/20260301T120000Z__{FACT_ID}.md"
+    assert superseded == root / f"acme/@u1/c1/deleted/facts/20260301T120000Z__{FACT_ID}.md"
     front, body = front_matter(superseded)
     assert body == "I love pizza."  # nothing is destroyed
     assert front["superseded_by"] == NEW_FACT_ID
@@ -212,7 +215,7 @@ async def test_superseded_deleted_and_evicted_become_tombstones_in_one_commit(
     assert front["tombstone"]["reason"] == "superseded"
     assert front["tombstone"]["cause"] == "reconcile:UPDATE"
 
-    evicted = root / f"acme/c1/deleted/turns/user/20260301T120000Z__{TURN_ID}.md"
+    evicted = root / f"acme/@u1/c1/deleted/turns/user/20260301T120000Z__{TURN_ID}.md"
     front, body = front_matter(evicted)
     assert (front["tombstone"]["reason"], front["tombstone"]["cause"]) == ("evicted", "evict")
     assert front["tombstone"]["at"].endswith("Z") and body == "I hate pizza now."
@@ -273,25 +276,27 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         assert edit.memory == fact.model_copy(update={"text": "My dog is called Rex."})
 
         # 2. Malformed front matter → reported in the log, nothing published.
-        bad = root / "acme/c1/facts/broken.md"
+        bad = root / "acme/@u1/c1/facts/broken.md"
         bad.write_text("---\nkind: [fact\n---\nI have two cats.\n", encoding="utf-8")
         # 3. A file under deleted/ is history: not watched.
-        tomb = root / "acme/c1/deleted/facts/old.md"
+        tomb = root / "acme/@u1/c1/deleted/facts/old.md"
         tomb.parent.mkdir(parents=True)
         tomb.write_text("---\nkind: fact\n---\nwhatever\n", encoding="utf-8")
         await eventually(
-            lambda: mirror.tree.known.get("acme/c1/facts/broken.md"), what="the broken file seen"
+            lambda: mirror.tree.known.get("acme/@u1/c1/facts/broken.md"),
+            what="the broken file seen",
         )
         assert len(await published(nats_url, MemoryEdited)) == 1  # seen, rejected
 
         # 4. A new file without an id → an id is written back, the memory is published.
-        note = root / "acme/c1/facts/my note.md"
+        note = root / "acme/@u1/c1/facts/my note.md"
         note.write_text("---\nkind: fact\n---\n\nI am allergic to peanuts.\n", encoding="utf-8")
         edits = await edited_events(nats_url, 2)
         created = edits[1]
-        assert created.op == "upserted" and created.path == "acme/c1/facts/my note.md"
+        assert created.op == "upserted" and created.path == "acme/@u1/c1/facts/my note.md"
         assert created.memory.text == "I am allergic to peanuts."
         assert (created.memory.kind, created.memory.conversation_id) == ("fact", "c1")
+        assert created.memory.user_id == "u1"  # dropped under @u1/: that user's
         assert front_matter(note)[0]["id"] == created.memory.id != FACT_ID
 
         # 5. Fixing the broken file publishes it.
@@ -300,7 +305,7 @@ async def test_hand_edits_new_files_deletions_and_malformed_files(
         assert edits[2].memory.text == "I have two cats."
 
         # 6. A copy of a file is a new memory (a fresh id), not a second file for one id.
-        copy = root / "acme/c1/facts/copy.md"
+        copy = root / "acme/@u1/c1/facts/copy.md"
         copy.write_text(other_path.read_text(), encoding="utf-8")
         edits = await edited_events(nats_url, 4)
         assert edits[3].memory.id not in (NEW_FACT_ID, FACT_ID)
@@ -349,3 +354,228 @@ async def test_edits_made_while_the_mirror_was_down_are_picked_up(
         await eventually(lambda: git_status(root) == "", what="both committed")
         await asyncio.sleep(0.3)
     assert len(await published(nats_url, MemoryEdited)) == 1
+
+
+# --- conversations belong to users ----------------------------------------------------------
+
+ALICE_FACT = "aaaaaaaa-0000-4000-8000-000000000001"
+BOB_FACT = "aaaaaaaa-0000-4000-8000-000000000002"
+ALICE_SUMMARY = "aaaaaaaa-0000-4000-8000-000000000003"
+BOB_SUMMARY = "aaaaaaaa-0000-4000-8000-000000000004"
+TENANT_WIDE = "aaaaaaaa-0000-4000-8000-000000000005"
+BOB_OLD = "aaaaaaaa-0000-4000-8000-000000000006"
+ALICE_TURN = "aaaaaaaa-0000-4000-8000-000000000007"
+ALICE_DELETED = "aaaaaaaa-0000-4000-8000-000000000008"
+
+
+async def test_two_users_same_named_conversations_and_their_summaries_stay_apart(
+    settings, root, publisher, nats_url
+) -> None:
+    records = [
+        rec(ALICE_FACT, "My dog is called Rex.", user_id="alice", conversation_id="default"),
+        rec(BOB_FACT, "My cat is called Tom.", user_id="bob", conversation_id="default"),
+        rec(
+            ALICE_SUMMARY,
+            "Alice talked about Rex.",
+            "summary",
+            user_id="alice",
+            conversation_id="default",
+        ),
+        rec(
+            BOB_SUMMARY,
+            "Bob talked about Tom.",
+            "summary",
+            user_id="bob",
+            conversation_id="default",
+        ),
+        rec(TENANT_WIDE, "The office opens at 9.", user_id="", conversation_id="global"),
+    ]
+    async with running_worker(MIRROR, settings()):
+        for record in records:
+            await publish_event(publisher, changed("created", record))
+        await all_acknowledged(nats_url)
+        await eventually(lambda: git_status(root) == "", what="the commit")
+
+    assert front_matter(root / "acme/@alice/default/summaries/summary.md")[1] == (
+        "Alice talked about Rex."
+    )
+    assert front_matter(root / "acme/@bob/default/summaries/summary.md")[1] == (
+        "Bob talked about Tom."
+    )
+    [alice_fact] = (root / "acme/@alice/default/facts").iterdir()
+    [bob_fact] = (root / "acme/@bob/default/facts").iterdir()
+    assert front_matter(alice_fact)[0]["user_id"] == "alice"
+    assert front_matter(bob_fact)[0]["user_id"] == "bob"
+    # No user: the tenant-wide bucket stays at the level it always had.
+    assert front_matter(root / str(live_path("acme", records[4])))[1] == "The office opens at 9."
+    assert (root / "acme/global/facts").is_dir()
+    assert not (root / "acme/default").exists()
+
+
+async def test_a_file_naming_another_user_or_conversation_than_its_folder_is_refused(
+    settings, root, publisher, nats_url, capsys, caplog
+) -> None:
+    alice = rec(ALICE_FACT, "My dog is called Rex.", user_id="alice")
+    async with running_worker(MIRROR, settings()) as worker:
+        mirror = await watching(worker)
+        await publish_event(publisher, changed("created", alice))
+        alice_path = root / str(live_path("acme", alice))
+        await eventually(alice_path.exists, what="alice's file")
+        await eventually(lambda: git_status(root) == "", what="the commit")
+
+        # A copy of alice's file in bob's folder is refused; removing it again removes
+        # a file, not alice's memory (her own file still holds it).
+        copy = root / "acme/@bob/c1/facts" / alice_path.name
+        copy.parent.mkdir(parents=True)
+        copy.write_text(alice_path.read_text())
+        copy_rel = str(copy.relative_to(root))
+        await eventually(lambda: mirror.tree.known.get(copy_rel), what="the copy refused")
+        copy.unlink()
+        await eventually(lambda: mirror.tree.known.get(copy_rel, "") is None, what="copy gone")
+
+        # A file in alice's folder that says it is bob's.
+        claims_bob = root / "acme/@alice/c1/facts/bob.md"
+        claims_bob.write_text("---\nkind: fact\nuser_id: bob\n---\n\nI like jazz.\n")
+        # A file in alice's folder that names another conversation.
+        other_conv = root / "acme/@alice/c1/facts/conv.md"
+        other_conv.write_text("---\nkind: fact\nconversation_id: c2\n---\n\nI like rock.\n")
+        # A user's memory dropped at the no-user level.
+        no_user_level = root / "acme/c1/facts/top.md"
+        no_user_level.parent.mkdir(parents=True)
+        no_user_level.write_text("---\nkind: fact\nuser_id: alice\n---\n\nI like pop.\n")
+        # Alice's own file moved into bob's folder: refused, and not a deletion.
+        moved = root / "acme/@bob/c1/facts" / alice_path.name
+        alice_path.rename(moved)
+
+        refused = [claims_bob, other_conv, no_user_level, moved]
+        rels = [str(p.relative_to(root)) for p in refused]
+        await eventually(lambda: all(mirror.tree.known.get(r) for r in rels), what="all seen")
+        await all_acknowledged(nats_url)
+        await asyncio.sleep(0.3)
+        assert await published(nats_url, MemoryEdited) == []  # nothing published, no delete
+
+    # structlog prints, or (once a process configured logging) goes through the stdlib.
+    logged = "".join(capsys.readouterr()) + caplog.text
+    for rel, mismatch in zip(
+        rels,
+        [
+            "user_id 'bob' differs from the directory '@alice'",
+            "conversation_id 'c2' differs from the directory 'c1'",
+            "user_id 'alice', but the file is in a folder of memories with no user",
+            "user_id 'alice' differs from the directory '@bob'",
+        ],
+        strict=True,
+    ):
+        line = next(line for line in logged.splitlines() if rel in line and "malformed" in line)
+        assert mismatch in line, line
+    assert "I like jazz" not in logged  # the log names the file, never its text
+    assert all(p.exists() for p in refused)  # nothing is lost either
+
+
+def legacy_rel(rel: str) -> str:
+    """The path a mirror wrote before conversations belonged to users: no ``@<user>/``."""
+    return "/".join(part for part in rel.split("/") if not part.startswith("@"))
+
+
+def old_mirror(root: Path, files: dict[str, str]) -> None:
+    """A repository as a mirror from before the user level left it: every file under
+    ``<tenant>/<conversation>/``, committed."""
+    env = {
+        "GIT_AUTHOR_NAME": "old mirror",
+        "GIT_AUTHOR_EMAIL": "old@example.invalid",
+        "GIT_COMMITTER_NAME": "old mirror",
+        "GIT_COMMITTER_EMAIL": "old@example.invalid",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "PATH": os.environ["PATH"],
+    }
+    root.mkdir()
+    for rel, content in files.items():
+        path = root / legacy_rel(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, encoding="utf-8")
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["add", "-A"],
+        ["commit", "-q", "--no-verify", "-m", "an old mirror's commits"],
+    ):
+        subprocess.run(["git", "-C", str(root), *args], check=True, env=env)
+
+
+def last_commit(root: Path) -> str:
+    """The newest commit's message body and the files it touched (renames detected)."""
+    return subprocess.run(
+        ["git", "-C", str(root), "log", "-1", "--format=%b", "--name-status"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+async def test_a_tree_from_before_users_had_folders_is_migrated_in_one_commit(
+    settings, root, publisher, nats_url
+) -> None:
+    alice_fact = rec(
+        ALICE_FACT, "My dog is called Rex.", user_id="alice", conversation_id="default"
+    )
+    alice_turn = rec(
+        ALICE_TURN, "I have a dog.", "turn", role="user", user_id="alice", conversation_id="default"
+    )
+    alice_summary = rec(
+        ALICE_SUMMARY,
+        "Alice talked about Rex.",
+        "summary",
+        user_id="alice",
+        conversation_id="default",
+    )
+    bob_fact = rec(BOB_FACT, "My cat is called Tom.", user_id="bob", conversation_id="default")
+    bob_old = rec(
+        BOB_OLD,
+        "My cat is called Tim.",
+        user_id="bob",
+        conversation_id="default",
+        superseded_by=BOB_FACT,
+        valid_to=T0,
+    )
+    tenant_wide = rec(TENANT_WIDE, "The office opens at 9.", user_id="", conversation_id="global")
+    tomb = Tombstone(reason="superseded", at=T0, cause="reconcile:UPDATE")
+    gone = Tombstone(reason="deleted", at=T0, cause="api")
+    files = {
+        str(live_path("acme", r)): render(r, "acme")
+        for r in (alice_fact, alice_turn, alice_summary, bob_fact, tenant_wide)
+    }
+    files[str(tombstone_path("acme", bob_old))] = render(bob_old, "acme", tomb)
+    deleted_turn = alice_turn.model_copy(update={"id": ALICE_DELETED, "text": "My PIN is 1."})
+    files[str(tombstone_path("acme", deleted_turn))] = render(deleted_turn, "acme", gone)
+    old_mirror(root, files)
+    # Edited by hand while the mirror was down (before the upgrade): still an edit after.
+    edited = root / legacy_rel(str(live_path("acme", alice_fact)))
+    edited.write_text(edited.read_text().replace("Rex", "Max"), encoding="utf-8")
+
+    async with running_worker(MIRROR, settings()):
+        [edit] = await edited_events(nats_url, 1)
+        await eventually(lambda: git_status(root) == "", what="everything committed")
+
+    for rel, content in files.items():
+        if rel == str(live_path("acme", alice_fact)):
+            content = content.replace("Rex", "Max")
+        assert (root / rel).read_text(encoding="utf-8") == content, rel  # moved as it was
+    assert sorted(p.name for p in (root / "acme").iterdir()) == ["@alice", "@bob", "global"]
+    assert (edit.op, edit.memory.id, edit.memory.user_id) == ("upserted", ALICE_FACT, "alice")
+    assert edit.path == str(live_path("acme", alice_fact))
+    assert edit.memory.text == "My dog is called Max."
+    subjects = git_log(root)
+    assert subjects == [
+        "mirror: conversations belong to users (layout migration)",
+        "an old mirror's commits",
+    ]
+    body = last_commit(root)
+    assert "6 files of users' conversations moved" in body
+    assert f"R100\tacme/default/deleted/facts/20260301T120000Z__{BOB_OLD}.md" in body
+
+    # A second start moves nothing (nothing is left to move: the marker only spares the scan).
+    assert plan_migration(root) == MigrationPlan(moves=[], conflicts=[])
+    async with running_worker(MIRROR, settings()):
+        await asyncio.sleep(0.3)
+    assert git_log(root) == subjects
+    assert git_status(root) == ""

@@ -25,8 +25,8 @@ import numpy as np
 from engram_cli.bench_common import (  # noqa: F401 (re-exported: older import sites)
     RetrievalProcess,
     percentiles,
-    progress,
 )
+from engram_cli.console import ProgressBar, print_table
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
@@ -129,19 +129,20 @@ async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[s
         "rerank_ms": [],
         "mmr_ms": [],
     }
-    for i in range(queries):
-        request = pb.SearchRequest(
-            tenant=tenant,
-            query=_QUERIES[i % len(_QUERIES)],
-            user_id="bench-user",
-            conversation_id=f"conv-{i % 20}",
-        )
-        started = time.perf_counter()
-        reply = await client.search(request)
-        latencies.append((time.perf_counter() - started) * 1000)
-        for key in stage_sums:
-            stage_sums[key].append(getattr(reply.timings, key))
-        progress("searching", i + 1, queries)
+    with ProgressBar("searching", queries) as bar:
+        for i in range(queries):
+            request = pb.SearchRequest(
+                tenant=tenant,
+                query=_QUERIES[i % len(_QUERIES)],
+                user_id="bench-user",
+                conversation_id=f"conv-{i % 20}",
+            )
+            started = time.perf_counter()
+            reply = await client.search(request)
+            latencies.append((time.perf_counter() - started) * 1000)
+            for key in stage_sums:
+                stage_sums[key].append(getattr(reply.timings, key))
+            bar.advance()
     arr = np.array(latencies)
     return {
         "queries": queries,
@@ -165,14 +166,16 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
             for size in sorted(sizes):
                 tenant = "bench"
                 started = time.perf_counter()
-                await _fill(
-                    client,
-                    tenant,
-                    all_texts[stored:size],
-                    stored,
-                    batch,
-                    lambda done, s=size, st=stored: progress(f"storing up to {s}", st + done, s),
-                )
+                with ProgressBar(f"storing up to {size}", size) as bar:
+                    bar.update(stored)
+                    await _fill(
+                        client,
+                        tenant,
+                        all_texts[stored:size],
+                        stored,
+                        batch,
+                        lambda done, st=stored, bar=bar: bar.update(st + done),
+                    )
                 upsert_s = time.perf_counter() - started
                 stored = size
                 for _ in range(5):  # warm-up
@@ -186,21 +189,18 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
 
 
 def _print_table(rows: list[dict[str, object]]) -> None:
-    header = (
-        f"{'memories':>9} {'queries':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
-        f"{'embed':>7} {'cand':>7} {'rerank':>7} {'mmr':>7}"
-    )
-    print(header)
-    print("-" * len(header))
+    columns = ["memories", "queries", "p50 ms", "p95 ms", "p99 ms"]
+    columns += ["embed", "cand", "rerank", "mmr"]
+    table = []
     for row in rows:
         lat = row["latency_ms"]
         stages = row["stage_mean_ms"]
         assert isinstance(lat, dict) and isinstance(stages, dict)
-        print(
-            f"{row['memories']:>9} {row['queries']:>8} {lat['p50']:>8} {lat['p95']:>8} "
-            f"{lat['p99']:>8} {stages['embed_ms']:>7} {stages['candidates_ms']:>7} "
-            f"{stages['rerank_ms']:>7} {stages['mmr_ms']:>7}"
+        table.append(
+            [row["memories"], row["queries"], lat["p50"], lat["p95"], lat["p99"]]
+            + [stages[k] for k in ("embed_ms", "candidates_ms", "rerank_ms", "mmr_ms")]
         )
+    print_table(columns, table, title="Search latency (stage means in ms)")
 
 
 def _plot(rows: list[dict[str, object]], path: Path) -> None:

@@ -1,5 +1,5 @@
-"""Pieces every ``engram bench`` shares: a real retrieval process, a progress bar,
-percentiles, and the memory of a process as the kernel reports it."""
+"""Pieces every ``engram bench`` shares: a real retrieval process, percentiles, and the
+memory of a process as the kernel reports it. (Progress bars and tables: ``console``.)"""
 
 from __future__ import annotations
 
@@ -62,15 +62,6 @@ class RetrievalProcess:
             self.process.terminate()
             await asyncio.wait_for(self.process.wait(), timeout=30)
         self.log.close()
-
-
-def progress(label: str, done: int, total: int) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r{label:<24} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

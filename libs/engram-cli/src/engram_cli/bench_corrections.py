@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_cli.bench_common import RetrievalProcess
+from engram_cli.console import ProgressCallback, print_table
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
@@ -278,20 +279,33 @@ async def run(progress: Callable[[int, int], None] | None = None) -> dict[str, A
     return results
 
 
-def format_table(results: dict[str, Any]) -> str:
-    header = (
-        f"{'config':<8} {'questions':>9} {'fact 1st %':>10} {'fact recalled %':>15} "
-        f"{'fact rank':>9} {'old turn recalled %':>19} {'old above fact %':>16}"
-    )
-    lines = [header, "-" * len(header)]
+TABLE_COLUMNS = (
+    "config",
+    "questions",
+    "fact 1st %",
+    "fact recalled %",
+    "fact rank",
+    "old turn recalled %",
+    "old above fact %",
+)
+
+
+def table_rows(results: dict[str, Any]) -> list[list[object]]:
+    rows: list[list[object]] = []
     for config, result in results.items():
         s = result["summary"]
-        lines.append(
-            f"{config:<8} {s['questions']:>9} {s['fact_first_pct']:>10} "
-            f"{s['fact_recalled_pct']:>15} {s['fact_mean_rank']:>9} "
-            f"{s['old_turn_recalled_pct']:>19} {s['old_above_fact_pct']:>16}"
+        rows.append(
+            [
+                config,
+                s["questions"],
+                s["fact_first_pct"],
+                s["fact_recalled_pct"],
+                s["fact_mean_rank"],
+                s["old_turn_recalled_pct"],
+                s["old_above_fact_pct"],
+            ]
         )
-    return "\n".join(lines)
+    return rows
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -317,12 +331,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 
 def _cmd_corrections(args: argparse.Namespace) -> int:
-    from engram_cli.bench_common import progress
-
-    results = asyncio.run(run(lambda done, total: progress("corrections", done, total)))
+    with ProgressCallback("corrections") as bar:
+        results = asyncio.run(run(bar))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(format_table(results))
+    print_table(TABLE_COLUMNS, table_rows(results))
     document = {"benchmark": "corrections", "cases": len(CASES), "configs": results}
     (out / "results.json").write_text(json.dumps(document, indent=2))
     plot(results, out / "corrections.png")

@@ -28,8 +28,9 @@ import httpx
 import nats
 import numpy as np
 
-from engram_cli.bench import percentiles, progress
+from engram_cli.bench import percentiles
 from engram_cli.bench_writepath import bench_stack
+from engram_cli.console import ProgressBar, print_table
 from engram_cli.stack import WORKERS, StackSettings
 from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.proto import pb
@@ -54,7 +55,7 @@ async def _drive(
     published: dict[str, float] = {}  # turn_id -> when turn.persisted was seen
     indexed: dict[str, float] = {}  # turn_id -> when memory.changed was seen
     verified: dict[str, bool] = {}
-    retrieval = RetrievalClient(settings.retrieval_listen)
+    retrieval = RetrievalClient(settings.retrieval_address)
     checks: list[asyncio.Task[None]] = []
 
     async def verify(token: str, conversation: str) -> None:
@@ -95,7 +96,7 @@ async def _drive(
     nc = await nats.connect(settings.nats_url)
     await nc.subscribe(TurnPersisted.subject, cb=on_turn)
     await nc.subscribe(MemoryChanged.subject, cb=on_change)
-    base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
+    base = f"{settings.local_gateway_url}/v1"
     failures = 0
 
     async def chat(http: httpx.AsyncClient, i: int) -> None:
@@ -116,17 +117,20 @@ async def _drive(
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
         started = time.perf_counter()
         in_flight: list[asyncio.Task[None]] = []
-        for i in range(chats):
-            await asyncio.sleep(max(0.0, started + i / chat_rate - time.perf_counter()))
-            in_flight.append(asyncio.create_task(chat(http, i)))
-            progress("sending chats", i + 1, chats)
+        with ProgressBar("sending chats", chats) as bar:
+            for i in range(chats):
+                await asyncio.sleep(max(0.0, started + i / chat_rate - time.perf_counter()))
+                in_flight.append(asyncio.create_task(chat(http, i)))
+                bar.advance()
         send_s = time.perf_counter() - started
         await asyncio.gather(*in_flight)
     expected = 2 * chats - 2 * failures
     deadline = time.monotonic() + timeout_s
-    while len(indexed) < expected and time.monotonic() < deadline:
-        progress("waiting for ingest", len(indexed), expected)
-        await asyncio.sleep(0.2)
+    with ProgressBar("waiting for ingest", expected) as bar:
+        while len(indexed) < expected and time.monotonic() < deadline:
+            bar.update(len(indexed))
+            await asyncio.sleep(0.2)
+        bar.update(len(indexed))
     await asyncio.gather(*checks)
     await nc.close()
     await retrieval.close()
@@ -185,14 +189,21 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
         bench_pipeline(args.turns, args.rate, args.conversations, workers, args.timeout)
     )
     lag = result["lag_ms"] or {"p50": "-", "p95": "-", "p99": "-"}
-    print(
-        f"{'rate/s':>7} {'sent/s':>7} {'indexed/s':>10} {'indexed':>8} {'lag p50':>8} "
-        f"{'p95':>8} {'p99':>8} {'verified':>9}"
-    )
-    print(
-        f"{result['target_rate_per_s']:>7g} {result['achieved_send_rate_per_s']:>7} "
-        f"{result['sustained_indexed_per_s']:>10} {result['indexed']:>8} {lag['p50']:>8} "
-        f"{lag['p95']:>8} {lag['p99']:>8} {result['searchable_verified']:>9}"
+    print_table(
+        ["rate/s", "sent/s", "indexed/s", "indexed", "lag p50 ms", "p95", "p99", "verified"],
+        [
+            [
+                result["target_rate_per_s"],
+                result["achieved_send_rate_per_s"],
+                result["sustained_indexed_per_s"],
+                result["indexed"],
+                lag["p50"],
+                lag["p95"],
+                lag["p99"],
+                result["searchable_verified"],
+            ]
+        ],
+        title="turn → searchable",
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

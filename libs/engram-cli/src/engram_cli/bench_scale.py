@@ -31,8 +31,8 @@ from engram_cli.bench_common import (
     child_processes,
     percentiles,
     process_memory_mb,
-    progress,
 )
+from engram_cli.console import ProgressBar, print_table, render_table
 from engram_cli.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
@@ -94,21 +94,22 @@ async def measure_search(
     stages: dict[str, list[float]] = {k: [] for k in STAGES}
     outcomes: Counter[str] = Counter()
     scopes = [pb.SCOPE_CONVERSATION] if scoped else []
-    for i, (tenant, user_id, conversation_id, question) in enumerate(asks):
-        request = pb.SearchRequest(
-            tenant=tenant,
-            query=question,
-            user_id=user_id,
-            conversation_id=conversation_id,
-            scopes=scopes,
-        )
-        started = time.perf_counter()
-        reply = await client.search(request)
-        latencies.append((time.perf_counter() - started) * 1000)
-        for key in STAGES:
-            stages[key].append(getattr(reply.timings, key))
-        outcomes[pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_")] += 1
-        progress(label, i + 1, len(asks))
+    with ProgressBar(label, len(asks)) as bar:
+        for tenant, user_id, conversation_id, question in asks:
+            request = pb.SearchRequest(
+                tenant=tenant,
+                query=question,
+                user_id=user_id,
+                conversation_id=conversation_id,
+                scopes=scopes,
+            )
+            started = time.perf_counter()
+            reply = await client.search(request)
+            latencies.append((time.perf_counter() - started) * 1000)
+            for key in STAGES:
+                stages[key].append(getattr(reply.timings, key))
+            outcomes[pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_")] += 1
+            bar.advance()
     return {
         "queries": len(asks),
         "latency_ms": percentiles(latencies),
@@ -130,14 +131,14 @@ async def bench_engine(
             for size in sizes:
                 added = corpus[stored:size]
                 started = time.perf_counter()
-                await store_memories(
-                    client,
-                    added,
-                    args.batch,
-                    lambda done, s=size, st=stored: progress(
-                        f"[{engine}] storing to {s}", st + done, s
-                    ),
-                )
+                with ProgressBar(f"[{engine}] storing to {size}", size) as bar:
+                    bar.update(stored)
+                    await store_memories(
+                        client,
+                        added,
+                        args.batch,
+                        lambda done, st=stored, bar=bar: bar.update(st + done),
+                    )
                 upsert_s = time.perf_counter() - started
                 stored = size
                 asks = queries(list(corpus[:size]), args.queries + WARM_UP)
@@ -186,26 +187,32 @@ async def bench_engine(
     return rows
 
 
+TABLE_TITLE = "Search latency in ms (conversation scope, all scopes), memory in MB"
+
+
 def format_table(engines: dict[str, dict[str, dict[str, Any]]]) -> str:
-    header = (
-        f"{'engine':<13} {'memories':>9} {'upsert/s':>9} {'conv p50':>9} {'p95':>7} "
-        f"{'p99':>7} {'all p50':>8} {'p95':>7} {'p99':>7} {'cand ms':>8} {'RSS MB':>8} "
-        f"{'peak MB':>8}"
-    )
-    lines = [header, "-" * len(header)]
-    for engine, rows in engines.items():
-        for size, row in rows.items():
+    return render_table(*table(engines), title=TABLE_TITLE)
+
+
+def table(engines: dict[str, dict[str, dict[str, Any]]]) -> tuple[list[str], list[list[object]]]:
+    columns = ["engine", "memories", "upsert/s", "conv p50", "p95", "p99", "all p50", "p95"]
+    columns += ["p99", "cand ms", "RSS MB", "peak MB"]
+    rows: list[list[object]] = []
+    for engine, by_size in engines.items():
+        for size, row in by_size.items():
             if "skipped" in row:
-                lines.append(f"{engine:<13} {size:>9} skipped: {row['skipped']}")
+                rows.append([engine, int(size), f"skipped: {row['skipped']}"])
                 continue
             s, a = row["search_ms"], row["search_all_scopes_ms"]
-            lines.append(
-                f"{engine:<13} {row['memories']:>9} {row['upsert_per_s']:>9} {s['p50']:>9} "
-                f"{s['p95']:>7} {s['p99']:>7} {a['p50']:>8} {a['p95']:>7} {a['p99']:>7} "
-                f"{row['search']['stage_mean_ms']['candidates_ms']:>8} {row['rss_mb']:>8} "
-                f"{row['peak_rss_mb']:>8}"
+            candidates_ms = row["search"]["stage_mean_ms"]["candidates_ms"]
+            rows.append(
+                [
+                    *(engine, row["memories"], row["upsert_per_s"]),
+                    *(s["p50"], s["p95"], s["p99"], a["p50"], a["p95"], a["p99"]),
+                    *(candidates_ms, row["rss_mb"], row["peak_rss_mb"]),
+                ]
             )
-    return "\n".join(lines)
+    return columns, rows
 
 
 def plot(engines: dict[str, dict[str, dict[str, Any]]], out: Path) -> list[Path]:
@@ -293,7 +300,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
         results[engine] = rows
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(format_table(results))
+    print_table(*table(results), title=TABLE_TITLE)
     document = {
         "benchmark": "scale",
         "machine": {

@@ -27,7 +27,8 @@ from typing import Any
 import httpx
 import nats
 
-from engram_cli.bench import percentiles, progress
+from engram_cli.bench import percentiles
+from engram_cli.console import ProgressBar, print_table
 from engram_cli.nats_server import free_port, free_port_block
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_cli.stack import WORKERS, Stack, StackSettings
@@ -54,7 +55,9 @@ async def bench_stack(
                 data_dir=Path(tmp),
                 nats_url=f"nats://127.0.0.1:{free_port()}",
                 gateway_port=free_port(),
-                retrieval_listen=f"127.0.0.1:{free_port()}",
+                # Both, so an ENGRAM_RETRIEVAL_ADDRESS in the environment cannot point away.
+                retrieval_listen=(retrieval := f"127.0.0.1:{free_port()}"),
+                retrieval_address=retrieval,
                 health_port_base=free_port_block(len(WORKERS)),
             )
             stack = Stack(
@@ -107,26 +110,28 @@ async def _drive(
 
     nc = await nats.connect(settings.nats_url)
     await nc.subscribe("engram.memory.changed.v1", cb=on_change)
-    base = f"http://{settings.gateway_host}:{settings.gateway_port}/v1"
+    base = f"{settings.local_gateway_url}/v1"
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-        for i in range(turns):
-            token = f"wpb{i:05d}"
-            sent[token] = time.perf_counter()
-            reply = await http.post(
-                "/chat/completions",
-                json={
-                    "model": "bench",
-                    "memory_id": f"bench-{i % conversations}",
-                    "messages": [{"role": "user", "content": f"I love {token}."}],
-                },
-            )
-            reply.raise_for_status()
-            progress("chatting", i + 1, turns)
-            await asyncio.sleep(max(0.0, sent[token] + 1.0 / rate - time.perf_counter()))
+        with ProgressBar("chatting", turns) as bar:
+            for i in range(turns):
+                token = f"wpb{i:05d}"
+                sent[token] = time.perf_counter()
+                reply = await http.post(
+                    "/chat/completions",
+                    json={
+                        "model": "bench",
+                        "memory_id": f"bench-{i % conversations}",
+                        "messages": [{"role": "user", "content": f"I love {token}."}],
+                    },
+                )
+                reply.raise_for_status()
+                bar.advance()
+                await asyncio.sleep(max(0.0, sent[token] + 1.0 / rate - time.perf_counter()))
     deadline = time.monotonic() + timeout_s
-    while sum("fact" in s for s in seen.values()) < turns and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-        progress("waiting for facts", sum("fact" in s for s in seen.values()), turns)
+    with ProgressBar("waiting for facts", turns) as bar:
+        while sum("fact" in s for s in seen.values()) < turns and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            bar.update(sum("fact" in s for s in seen.values()))
     await nc.close()
     latencies = {
         stage: [(seen[t][stage] - sent[t]) * 1000 for t in sent if stage in seen.get(t, {})]
@@ -171,13 +176,11 @@ def _cmd_write_path(args: argparse.Namespace) -> int:
     result = asyncio.run(
         bench_write_path(args.turns, args.conversations, args.rate, args.llm_url, args.timeout)
     )
-    print(f"{'stage':<18} {'done':>6} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9}")
+    rows = []
     for stage, label in (("indexed", "turn indexed"), ("fact", "fact reconciled")):
         lat = result["latency_ms"].get(stage, {"p50": "-", "p95": "-", "p99": "-"})
-        print(
-            f"{label:<18} {result['completed'][stage]:>6} {lat['p50']:>9} {lat['p95']:>9} "
-            f"{lat['p99']:>9}"
-        )
+        rows.append([label, result["completed"][stage], lat["p50"], lat["p95"], lat["p99"]])
+    print_table(["stage", "done", "p50 ms", "p95 ms", "p99 ms"], rows, title="write path")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(

@@ -1,5 +1,21 @@
-"""What the admin commands (import, export, search, reembed, status) share: where the
-services are, the API key, and a one-line error type that becomes exit status 2."""
+"""Where the local stack's pieces are, for ``engram up`` (which places them) and for
+every client command (which finds them): one settings class, :class:`CliSettings`.
+
+A stack moved with ``ENGRAM_GATEWAY_PORT``, ``ENGRAM_RETRIEVAL_LISTEN``,
+``ENGRAM_NATS_URL`` or ``ENGRAM_HEALTH_PORT_BASE`` is found by ``engram status``,
+``search``, ``import``... with the same variables and nothing else:
+
+- the gateway: ``ENGRAM_GATEWAY_URL`` when set (a proxy, another host), else
+  ``http://<ENGRAM_GATEWAY_HOST>:<ENGRAM_GATEWAY_PORT>`` (a wildcard host such as
+  ``0.0.0.0`` is reached on loopback);
+- retrieval: ``ENGRAM_RETRIEVAL_ADDRESS`` when set, else where ``engram up`` makes it
+  listen (``ENGRAM_RETRIEVAL_LISTEN``, loopback for a wildcard host); ``up`` makes it
+  listen on ``ENGRAM_RETRIEVAL_ADDRESS`` when only that is set;
+- NATS: ``ENGRAM_NATS_URL``; the workers' health ports: ``ENGRAM_HEALTH_PORT_BASE`` and on.
+
+Flags override the variables; ``--help`` shows the defaults this environment gives.
+Also here: the API key, and a one-line error type that becomes exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +24,50 @@ import asyncio
 import json
 from contextlib import suppress
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from faststream.nats import NatsBroker
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 
 from engram_core.bus import ensure_stream, make_broker
-from engram_core.settings import EngramSettings, load_settings
+from engram_core.settings import ConfigError, EngramSettings, load_settings
+
+#: Every worker, in start order; each is its own process (``engram-<name>``) with its
+#: health port at ``health_port_base`` + its position.
+WORKERS = ("ingest", "reconcile", "summarize", "evict", "mirror", "edits")
+DEFAULT_RETRIEVAL = "127.0.0.1:50051"
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
+
+
+def reachable_host(host: str) -> str:
+    """The host a local client dials for a server bound to ``host`` (URL form)."""
+    host = _WILDCARDS.get(host, host)
+    return f"[{host.strip('[]')}]" if ":" in host else host
+
+
+def reachable_address(listen: str) -> str:
+    host, _, port = listen.rpartition(":")
+    return f"{reachable_host(host)}:{port}"
 
 
 class CliSettings(EngramSettings):
-    """``ENGRAM_*`` variables the admin commands read (flags override them)."""
+    """``ENGRAM_*`` variables of the ``engram`` command (flags override them)."""
 
+    gateway_host: str = Field(default="127.0.0.1", description="Where `engram up` binds it.")
+    gateway_port: int = Field(default=8100, ge=1, le=65535)
     gateway_url: str = Field(
-        default="http://127.0.0.1:8100", description="The gateway's base URL (no /v1)."
+        default="",
+        description="The gateway's base URL for client commands (no /v1); default from "
+        "ENGRAM_GATEWAY_HOST and ENGRAM_GATEWAY_PORT.",
+    )
+    retrieval_listen: str = Field(
+        default="", description="Where `engram up` makes retrieval listen (host:port)."
+    )
+    health_port_base: int = Field(
+        default=8201,
+        ge=1,
+        le=65535 - len(WORKERS),
+        description="The workers' health endpoints listen on this port and the next ones.",
     )
     api_key: SecretStr | None = Field(
         default=None, description="An Engram API key, sent as the bearer token."
@@ -29,14 +75,43 @@ class CliSettings(EngramSettings):
     mirror_root: Path | None = Field(
         default=None, description="The mirror's root (default <data_dir>/mirror)."
     )
-    health_port_base: int = Field(default=8201, ge=1, le=65535)
     llm_model: str = Field(
         default="", description="import --via http: the model extraction uses (--model)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_locations(cls, data: Any) -> Any:
+        """Fill what was not set from what was: each place is configured once."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        listen, address = data.get("retrieval_listen"), data.get("retrieval_address")
+        if not listen:
+            data["retrieval_listen"] = address or DEFAULT_RETRIEVAL
+        elif not address:
+            data["retrieval_address"] = reachable_address(str(listen))
+        if not data.get("gateway_url"):
+            data["gateway_url"] = _local_gateway_url(
+                str(data.get("gateway_host") or "127.0.0.1"), data.get("gateway_port", 8100)
+            )
+        return data
+
+    @property
+    def local_gateway_url(self) -> str:
+        """Where ``engram up`` serves the gateway (host and port, loopback for a wildcard)."""
+        return _local_gateway_url(self.gateway_host, self.gateway_port)
+
     @property
     def mirror(self) -> Path:
         return self.mirror_root or self.data_dir / "mirror"
+
+    def worker_health_ports(self) -> dict[str, int]:
+        return {worker: self.health_port_base + i for i, worker in enumerate(WORKERS)}
+
+
+def _local_gateway_url(host: str, port: object) -> str:
+    return f"http://{reachable_host(host)}:{port}"
 
 
 class CommandError(Exception):
@@ -64,11 +139,27 @@ async def connect_announcer(
     return broker
 
 
+def environment_defaults() -> CliSettings | None:
+    """The settings this environment gives, for ``--help``; None when they are invalid
+    (the command itself then reports what is wrong)."""
+    try:
+        return load_settings(CliSettings)
+    except ConfigError:
+        return None
+
+
+def _default(attribute: str, fallback: str) -> str:
+    settings = environment_defaults()
+    return str(getattr(settings, attribute)) if settings is not None else fallback
+
+
 def add_retrieval_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retrieval",
         metavar="HOST:PORT",
-        help="retrieval service (default: $ENGRAM_RETRIEVAL_ADDRESS or 127.0.0.1:50051)",
+        help="retrieval service (default here: "
+        f"{_default('retrieval_address', DEFAULT_RETRIEVAL)}; from $ENGRAM_RETRIEVAL_ADDRESS "
+        "or $ENGRAM_RETRIEVAL_LISTEN)",
     )
 
 
@@ -76,25 +167,59 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway",
         metavar="URL",
-        help="gateway base URL (default: $ENGRAM_GATEWAY_URL or http://127.0.0.1:8100)",
+        help=f"gateway base URL (default here: {_default('gateway_url', 'http://127.0.0.1:8100')}"
+        "; from $ENGRAM_GATEWAY_URL, or $ENGRAM_GATEWAY_HOST and $ENGRAM_GATEWAY_PORT)",
     )
     parser.add_argument(
         "--api-key", help="Engram API key (default: $ENGRAM_API_KEY; none in single-tenant mode)"
     )
 
 
+def add_nats_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats",
+        metavar="URL",
+        help=f"NATS server (default here: {_default('nats_url', 'nats://127.0.0.1:4222')}; "
+        "from $ENGRAM_NATS_URL)",
+    )
+
+
+def add_health_port_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--health-port-base",
+        type=int,
+        metavar="PORT",
+        help=f"the workers' first health port (default here: {_default('health_port_base', '8201')}"
+        "; from $ENGRAM_HEALTH_PORT_BASE)",
+    )
+
+
+def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--data-dir",
+        help=f"state directory (default here: {_default('data_dir', '.engram')}; "
+        "from $ENGRAM_DATA_DIR)",
+    )
+
+
+#: Flag (argparse dest) -> setting it overrides.
+_FLAG_SETTINGS = {
+    "retrieval": "retrieval_address",
+    "gateway": "gateway_url",
+    "api_key": "api_key",
+    "data_dir": "data_dir",
+    "mirror_root": "mirror_root",
+    "nats": "nats_url",
+    "health_port_base": "health_port_base",
+}
+
+
 def cli_settings(args: argparse.Namespace) -> CliSettings:
-    overrides: dict[str, object] = {}
-    if getattr(args, "retrieval", None):
-        overrides["retrieval_address"] = args.retrieval
-    if getattr(args, "gateway", None):
-        overrides["gateway_url"] = args.gateway
-    if getattr(args, "api_key", None):
-        overrides["api_key"] = args.api_key
-    if getattr(args, "data_dir", None):
-        overrides["data_dir"] = args.data_dir
-    if getattr(args, "mirror_root", None):
-        overrides["mirror_root"] = args.mirror_root
+    overrides: dict[str, object] = {
+        setting: getattr(args, flag)
+        for flag, setting in _FLAG_SETTINGS.items()
+        if getattr(args, flag, None) not in (None, "")
+    }
     return load_settings(CliSettings, **overrides)
 
 

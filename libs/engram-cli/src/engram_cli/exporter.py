@@ -1,5 +1,6 @@
 """``engram export``: a tenant's memories as JSON lines (retrieval ``List``), or a copy
-of its directory in the Markdown mirror (``--mirror``)."""
+of its directory in the Markdown mirror (``--mirror``; with ``--user``, only the files
+whose front matter names that user)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,28 @@ import json
 import shutil
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 import grpc
 
-from engram_cli.bench_common import progress
-from engram_cli.cli_common import CliSettings, CommandError, add_retrieval_flag, cli_settings
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_data_dir_flag,
+    add_retrieval_flag,
+    cli_settings,
+)
+from engram_cli.console import ProgressCallback
 from engram_core.memory_record import record_from_pb
-from engram_core.mirror_format import encode_component
+from engram_core.mirror_format import (
+    MirrorFormatError,
+    classify,
+    encode_component,
+    memory_files,
+    parse,
+)
 from engram_core.proto import KIND_BY_NAME, pb
 from engram_core.retrieval_client import RetrievalClient
 
@@ -78,15 +92,45 @@ async def export_jsonl(
     return written
 
 
-def export_mirror(settings: CliSettings, tenant: str, target: Path) -> int:
-    """Copy ``<mirror>/<tenant>/`` (live files and tombstones) to ``target``."""
+@dataclass
+class MirrorCopy:
+    files: int  # memory files copied
+    unreadable: list[str]  # files whose user could not be read (not copied)
+
+
+def export_mirror(settings: CliSettings, tenant: str, target: Path, user: str = "") -> MirrorCopy:
+    """Copy ``<mirror>/<tenant>/`` (live files and tombstones) to ``target``; with a
+    ``user``, only that user's files (by their front matter, so a tree from before
+    users had folders is filtered correctly too)."""
     source = settings.mirror / encode_component(tenant)
     if not source.is_dir():
         raise CommandError(f"no mirror for tenant {tenant!r} at {source}")
     if target.exists() and any(target.iterdir()):
         raise CommandError(f"{target} exists and is not empty")
-    shutil.copytree(source, target, dirs_exist_ok=True)
-    return sum(1 for p in target.rglob("*.md") if p.is_file())
+    if not user:
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        return MirrorCopy(sum(1 for p in target.rglob("*.md") if p.is_file()), [])
+    mine, unreadable = _user_files(settings.mirror, source.name, user)
+    if not mine:
+        raise CommandError(f"no memory files of user {user!r} in tenant {tenant!r} at {source}")
+    for rel in mine:
+        inside = PurePosixPath(rel).relative_to(source.name)
+        (target / inside).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(settings.mirror / rel, target / inside)
+    return MirrorCopy(len(mine), unreadable)
+
+
+def _user_files(root: Path, tenant_dir: str, user: str) -> tuple[list[str], list[str]]:
+    mine, unreadable = [], []
+    for rel in memory_files(root, tenant_dir):
+        try:
+            parsed = parse((root / rel).read_text(encoding="utf-8"), classify(rel))
+        except (MirrorFormatError, UnicodeDecodeError, OSError):
+            unreadable.append(rel)
+            continue
+        if parsed.record.user_id == user:
+            mine.append(rel)
+    return mine, unreadable
 
 
 def add_export_parser(
@@ -110,13 +154,15 @@ def add_export_parser(
     parser.add_argument(
         "--kind", action="append", choices=sorted(KIND_BY_NAME), help="only these kinds"
     )
-    parser.add_argument("--user", default="", help="only this user's memories")
+    parser.add_argument(
+        "--user", default="", help="only this user's memories (with --mirror: their files)"
+    )
     parser.add_argument("--conversation", default="", help="only this conversation")
     parser.add_argument(
         "--mirror", type=Path, metavar="DIR", help="copy the tenant's mirror directory to DIR"
     )
     parser.add_argument("--mirror-root", type=Path, help="default: $ENGRAM_MIRROR_ROOT")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)
 
@@ -125,9 +171,7 @@ def export_command(args: argparse.Namespace) -> int:
     settings = cli_settings(args)
     try:
         if args.mirror is not None:
-            files = export_mirror(settings, args.tenant, args.mirror)
-            print(f"copied {files} memory files of tenant {args.tenant!r} to {args.mirror}")
-            return 0
+            return _export_mirror(settings, args)
         if args.output is None:
             count = asyncio.run(_export(settings, args, sys.stdout, show=False))
         else:
@@ -147,16 +191,28 @@ def export_command(args: argparse.Namespace) -> int:
         return 2
 
 
+def _export_mirror(settings: CliSettings, args: argparse.Namespace) -> int:
+    if args.kind or args.conversation:
+        raise CommandError("--kind and --conversation filter JSON lines; --mirror copies files")
+    copied = export_mirror(settings, args.tenant, args.mirror, user=args.user)
+    whose = f"user {args.user!r} of tenant" if args.user else "tenant"
+    print(f"copied {copied.files} memory files of {whose} {args.tenant!r} to {args.mirror}")
+    for rel in copied.unreadable:
+        print(f"engram export: not copied (its user cannot be read): {rel}", file=sys.stderr)
+    return 0
+
+
 async def _export(
     settings: CliSettings, args: argparse.Namespace, out: TextIO, *, show: bool
 ) -> int:
-    return await export_jsonl(
-        settings,
-        args.tenant,
-        out,
-        kinds=args.kind,
-        include_superseded=args.include_superseded,
-        user=args.user,
-        conversation=args.conversation,
-        on_progress=(lambda d, t: progress("export", d, t)) if show else None,
-    )
+    with ProgressCallback("export") as bar:
+        return await export_jsonl(
+            settings,
+            args.tenant,
+            out,
+            kinds=args.kind,
+            include_superseded=args.include_superseded,
+            user=args.user,
+            conversation=args.conversation,
+            on_progress=bar if show else None,
+        )

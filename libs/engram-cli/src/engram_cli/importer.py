@@ -43,18 +43,20 @@ import grpc
 import httpx
 from faststream.nats import NatsBroker
 
-from engram_cli.bench_common import progress
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
     DoneLog,
+    add_data_dir_flag,
     add_gateway_flags,
+    add_nats_flag,
     add_retrieval_flag,
     api_error,
     auth_headers,
     cli_settings,
     connect_announcer,
 )
+from engram_cli.console import ProgressCallback
 from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryChangeOp
@@ -639,9 +641,10 @@ def add_import_parser(
         "(default: $ENGRAM_LLM_MODEL; with neither, no facts are extracted)",
     )
     parser.add_argument("--state-file", type=Path, help="where to record progress")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_gateway_flags(parser)
     add_retrieval_flag(parser)
+    add_nats_flag(parser)
     parser.set_defaults(func=handler)
 
 
@@ -649,27 +652,24 @@ def import_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     settings = cli_settings(args)
 
-    def bar(done: int, total: int) -> None:
-        if total:
-            progress("import", done, total)
-
     try:
-        result = asyncio.run(
-            run_import(
-                args.file,
-                settings,
-                via=args.via,
-                fmt=args.format,
-                tenant=args.tenant,
-                user=args.user,
-                conversation=args.conversation,
-                model=args.model or settings.llm_model,
-                state_file=args.state_file,
-                on_progress=bar,
+        with ProgressCallback("import") as bar:
+            result = asyncio.run(
+                run_import(
+                    args.file,
+                    settings,
+                    via=args.via,
+                    fmt=args.format,
+                    tenant=args.tenant,
+                    user=args.user,
+                    conversation=args.conversation,
+                    model=args.model or settings.llm_model,
+                    state_file=args.state_file,
+                    on_progress=bar,
+                )
             )
-        )
     except CommandError as exc:
-        print(f"\nengram import: {exc}", file=sys.stderr)
+        print(f"engram import: {exc}", file=sys.stderr)
         if not isinstance(exc, ImportFormatError):
             print("engram import: what was sent is recorded; re-run to resume", file=sys.stderr)
         return 2

@@ -5,16 +5,29 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engram_core.settings import load_settings
-
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    from engram_cli.stack import StackSettings, run_stack
+    from engram_cli.cli_common import cli_settings
+    from engram_cli.stack import run_stack
 
-    overrides: dict[str, object] = {}
-    if args.data_dir:
-        overrides["data_dir"] = args.data_dir
-    return run_stack(load_settings(StackSettings, **overrides))
+    return run_stack(cli_settings(args))
+
+
+def _up_description() -> str:
+    from engram_cli.cli_common import environment_defaults
+
+    settings = environment_defaults()
+    if settings is None:
+        return "Start the local stack (the environment's ENGRAM_* settings are invalid)."
+    ports = settings.worker_health_ports().values()
+    return (
+        "Start the local stack; each piece goes where this environment says, and the client "
+        "commands (status, search, import, ...) look for it there. Here: gateway "
+        f"{settings.local_gateway_url} (ENGRAM_GATEWAY_HOST/PORT), retrieval "
+        f"{settings.retrieval_listen} (ENGRAM_RETRIEVAL_LISTEN), NATS {settings.nats_url} "
+        f"(ENGRAM_NATS_URL), worker health ports {min(ports)}-{max(ports)} "
+        "(ENGRAM_HEALTH_PORT_BASE)."
+    )
 
 
 def _cmd_scripted_llm(args: argparse.Namespace) -> int:
@@ -22,10 +35,14 @@ def _cmd_scripted_llm(args: argparse.Namespace) -> int:
 
     from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 
-    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply=args.reply)])
+    if args.keep < 1:
+        print("engram scripted-llm: --keep must be at least 1", file=sys.stderr)
+        return 2
+    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply=args.reply)], keep=args.keep)
     upstream.port = args.port
     upstream.start()
     print(f"engram: scripted LLM at {upstream.base_url} (Ctrl-C stops)", flush=True)
+    print(f"engram: what it received: GET http://127.0.0.1:{upstream.port}/requests", flush=True)
     try:
         while True:
             time.sleep(3600)
@@ -100,16 +117,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = commands.add_parser("up", help="start the local stack (nats, retrieval, gateway, workers)")
-    up.add_argument("--data-dir", help="state directory (default: $ENGRAM_DATA_DIR or .engram)")
+    from engram_cli.cli_common import add_data_dir_flag
+
+    up = commands.add_parser(
+        "up",
+        help="start the local stack (nats, retrieval, gateway, workers)",
+        description=_up_description(),
+    )
+    add_data_dir_flag(up)
     up.set_defaults(func=_cmd_up)
 
     scripted = commands.add_parser(
         "scripted-llm",
         help="a deterministic rule-based OpenAI-compatible server (demos, benchmarks)",
+        description="Answers chats with a fixed reply and Engram's worker tasks by simple "
+        "rules. GET /requests lists what it received (what Engram sent upstream), newest "
+        "last; ?limit=N for the last N; DELETE /requests forgets them.",
     )
     scripted.add_argument("--port", type=int, default=11434, help="port on 127.0.0.1")
     scripted.add_argument("--reply", default="Noted.", help="the reply to every chat")
+    scripted.add_argument(
+        "--keep",
+        type=int,
+        default=1000,
+        help="requests remembered for GET /requests (the most recent; default 1000)",
+    )
     scripted.set_defaults(func=_cmd_scripted_llm)
 
     from engram_cli.bench import add_bench_parser

@@ -35,6 +35,8 @@ from faststream.nats import NatsBroker
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
+    add_data_dir_flag,
+    add_nats_flag,
     add_retrieval_flag,
     cli_settings,
     connect_announcer,
@@ -196,8 +198,9 @@ def add_migrate_parser(
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--tenant", default="default")
     which.add_argument("--all-tenants", action="store_true", help="every tenant the mirror knows")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
+    add_nats_flag(parser)
     parser.set_defaults(func=handler)
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import TextIO
 
 import grpc
-from pydantic import Field
 
+from engram_cli.cli_common import add_data_dir_flag, add_retrieval_flag, cli_settings
+from engram_cli.console import ProgressBar
 from engram_core.memory import MemoryRecord
 from engram_core.memory_record import record_to_pb
 from engram_core.mirror_format import (
@@ -32,16 +33,9 @@ from engram_core.mirror_format import (
 )
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
-from engram_core.settings import EngramSettings, load_settings
 
 #: Retrieval accepts at most 2048 memories per Upsert.
 MAX_BATCH = 2048
-
-
-class RebuildSettings(EngramSettings):
-    mirror_root: Path | None = Field(
-        default=None, description="The mirror's root (default <data_dir>/mirror)."
-    )
 
 
 def add_rebuild_parser(
@@ -63,11 +57,8 @@ def add_rebuild_parser(
         help="the mirror (default: $ENGRAM_MIRROR_ROOT or $ENGRAM_DATA_DIR/mirror)",
     )
     parser.add_argument("--tenant", help="rebuild only this tenant (default: all)")
-    parser.add_argument(
-        "--retrieval",
-        metavar="HOST:PORT",
-        help="retrieval service (default: $ENGRAM_RETRIEVAL_ADDRESS or 127.0.0.1:50051)",
-    )
+    add_retrieval_flag(parser)
+    add_data_dir_flag(parser)
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -96,9 +87,7 @@ def plan_rebuild(root: Path, tenant: str | None = None) -> Plan:
     plan = Plan()
     superseded: dict[str, tuple[str, MemoryRecord]] = {}
     tenant_dir = encode_component(tenant) if tenant else None
-    for rel in memory_files(root):
-        if tenant_dir is not None and rel.split("/", 1)[0] != tenant_dir:
-            continue
+    for rel in memory_files(root, tenant_dir):
         info = classify(rel)
         if info is None:
             continue
@@ -128,36 +117,6 @@ def plan_rebuild(root: Path, tenant: str | None = None) -> Plan:
             plan.memories[memory_id] = entry
             plan.superseded += 1
     return plan
-
-
-class ProgressBar:
-    """``rebuild [##########..........] 120/240`` on stderr; redrawn in place on a TTY,
-    a line per tenth otherwise (logs)."""
-
-    def __init__(self, total: int, stream: TextIO | None = None, width: int = 30) -> None:
-        self.total = total
-        self.done = 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.tty = self.stream.isatty()
-        self._last_tenth = -1
-
-    def advance(self, count: int) -> None:
-        self.done = min(self.total, self.done + count)
-        tenth = self.done * 10 // self.total if self.total else 10
-        if self.tty:
-            self.stream.write("\r" + self._line())
-            if self.done >= self.total:
-                self.stream.write("\n")
-        elif tenth != self._last_tenth:
-            self.stream.write(self._line() + "\n")
-        self._last_tenth = tenth
-        self.stream.flush()
-
-    def _line(self) -> str:
-        filled = self.width * self.done // self.total if self.total else self.width
-        bar = "#" * filled + "." * (self.width - filled)
-        return f"rebuild [{bar}] {self.done}/{self.total}"
 
 
 async def rebuild(
@@ -190,7 +149,7 @@ async def rebuild(
         by_tenant: dict[str, list[MemoryRecord]] = {}
         for memory_tenant, record in plan.memories.values():
             by_tenant.setdefault(memory_tenant, []).append(record)
-        progress = ProgressBar(len(plan.memories), err)
+        progress = ProgressBar("rebuild", len(plan.memories), stream=err)
         for memory_tenant in sorted(by_tenant):
             records = by_tenant[memory_tenant]
             for start in range(0, len(records), batch_size):
@@ -200,8 +159,9 @@ async def rebuild(
                         pb.UpsertRequest(tenant=memory_tenant, memories=chunk)
                     )
                 except grpc.aio.AioRpcError as exc:
+                    progress.close()
                     print(
-                        f"\nengram rebuild: Upsert failed for tenant {memory_tenant!r}: "
+                        f"engram rebuild: Upsert failed for tenant {memory_tenant!r}: "
                         f"{exc.code().name}: {exc.details()}",
                         file=err,
                     )
@@ -240,11 +200,8 @@ def _to_pb(record: MemoryRecord, tenant: str) -> pb.Memory:
 
 
 def run_rebuild(args: argparse.Namespace) -> int:
-    overrides: dict[str, object] = {}
-    if args.retrieval:
-        overrides["retrieval_address"] = args.retrieval
-    settings = load_settings(RebuildSettings, **overrides)
-    root = args.mirror_root or settings.mirror_root or settings.data_dir / "mirror"
+    settings = cli_settings(args)
+    root = settings.mirror
     if not 1 <= args.batch_size <= MAX_BATCH:
         print(f"engram rebuild: --batch-size must be in 1..{MAX_BATCH}", file=sys.stderr)
         return 2

@@ -24,12 +24,25 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
-from engram_cli.bench_common import progress
-from engram_cli.cli_common import CliSettings, CommandError, add_retrieval_flag, cli_settings
-from engram_core.mirror_format import decode_component
+from engram_cli.cli_common import (
+    CliSettings,
+    CommandError,
+    add_data_dir_flag,
+    add_retrieval_flag,
+    cli_settings,
+)
+from engram_cli.console import ProgressCallback
+from engram_core.mirror_format import (
+    MirrorFormatError,
+    classify,
+    decode_component,
+    memory_files,
+    parse,
+)
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 
@@ -53,17 +66,28 @@ class ReembedResult:
 
 
 def mirror_tenants(settings: CliSettings) -> list[str]:
-    """The tenants the mirror knows (one directory each); retrieval has no tenant list."""
+    """The tenants the mirror knows (one directory each, whatever its layout below);
+    retrieval has no tenant list. A shortened (unreadable) directory name is read from
+    the front matter of a file in it."""
     root = settings.mirror
     if not root.is_dir():
         raise CommandError(f"--all-tenants reads the tenants from the mirror; none at {root}")
     tenants = []
     for child in sorted(root.iterdir()):
         if child.is_dir() and not child.name.startswith("."):
-            name = decode_component(child.name)
+            name = decode_component(child.name) or _tenant_in_files(root, child.name)
             if name:
                 tenants.append(name)
     return tenants
+
+
+def _tenant_in_files(root: Path, tenant_dir: str) -> str | None:
+    for rel in memory_files(root, tenant_dir):
+        try:
+            return parse((root / rel).read_text(encoding="utf-8"), classify(rel)).tenant
+        except (MirrorFormatError, UnicodeDecodeError, OSError):
+            continue
+    return None
 
 
 async def reembed_tenant(
@@ -119,15 +143,16 @@ async def reembed(
         if not await client.is_serving(timeout_s=5.0):
             raise CommandError(f"retrieval at {settings.retrieval_address} is not serving")
         for tenant in tenants:
-
-            def bar(done: int, total: int, tenant: str = tenant) -> None:
-                if show_progress and total:
-                    progress(f"reembed {tenant}", done, total)
-
             try:
-                results.append(
-                    await reembed_tenant(client, tenant, page_size=page_size, on_progress=bar)
-                )
+                with ProgressCallback(f"reembed {tenant}") as bar:
+                    results.append(
+                        await reembed_tenant(
+                            client,
+                            tenant,
+                            page_size=page_size,
+                            on_progress=bar if show_progress else None,
+                        )
+                    )
             except grpc.aio.AioRpcError as exc:
                 raise CommandError(
                     f"tenant {tenant!r}: {exc.code().name}: {exc.details()} (re-run to finish)"
@@ -157,7 +182,7 @@ def add_reembed_parser(
     )
     parser.add_argument("--page-size", type=int, default=PAGE, help=f"1..{PAGE}")
     parser.add_argument("--mirror-root", help="default: $ENGRAM_MIRROR_ROOT or <data_dir>/mirror")
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)
 
@@ -170,7 +195,7 @@ def reembed_command(args: argparse.Namespace) -> int:
         tenants = mirror_tenants(settings) if args.all_tenants else (args.tenant or ["default"])
         results = asyncio.run(reembed(settings, tenants, page_size=args.page_size))
     except CommandError as exc:
-        print(f"\nengram reembed: {exc}", file=sys.stderr)
+        print(f"engram reembed: {exc}", file=sys.stderr)
         return 2
     for r in results:
         line = (

@@ -25,15 +25,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from engram_cli.bench_common import progress
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
     DoneLog,
+    add_data_dir_flag,
+    add_nats_flag,
     add_retrieval_flag,
     cli_settings,
     connect_announcer,
 )
+from engram_cli.console import ProgressCallback
 from engram_cli.reembed import mirror_tenants
 from engram_core.bus import publish_event
 from engram_core.events import TurnPersisted, deterministic_event_id
@@ -136,8 +138,9 @@ def add_reextract_parser(
     parser.add_argument(
         "--run", default="default", help="a name for this run; a new name sends every turn again"
     )
-    parser.add_argument("--data-dir", help="default: $ENGRAM_DATA_DIR or .engram")
+    add_data_dir_flag(parser)
     add_retrieval_flag(parser)
+    add_nats_flag(parser)
     parser.set_defaults(func=handler)
 
 
@@ -154,19 +157,18 @@ def reextract_command(args: argparse.Namespace, out: TextIO | None = None) -> in
     try:
         tenants = mirror_tenants(settings) if args.all_tenants else [args.tenant]
         for tenant in tenants:
-            result = asyncio.run(
-                reextract_tenant(
-                    settings,
-                    tenant,
-                    user=args.user,
-                    conversation=args.conversation,
-                    run=args.run,
-                    model=args.model,
-                    on_progress=lambda done, total, t=tenant: progress(
-                        f"reextract {t}", done, total
-                    ),
+            with ProgressCallback(f"reextract {tenant}") as bar:
+                result = asyncio.run(
+                    reextract_tenant(
+                        settings,
+                        tenant,
+                        user=args.user,
+                        conversation=args.conversation,
+                        run=args.run,
+                        model=args.model,
+                        on_progress=bar,
+                    )
                 )
-            )
             print(
                 f"tenant {tenant!r}: {result.turns} user turns, sent {result.sent} to be "
                 f"learned from, {result.skipped} sent before (run {args.run!r})",

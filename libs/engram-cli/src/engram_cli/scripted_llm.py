@@ -3,6 +3,10 @@
 It speaks the Chat Completions wire format (JSON and SSE streaming) with
 deterministic replies, so the gateway's production code path — the ``openai``
 package over HTTP — is exercised unchanged.
+
+``GET /requests`` returns what it received (what Engram sent upstream) as a JSON list,
+newest last (``?limit=N``: the last N); ``DELETE /requests`` forgets them. Credentials
+are shown redacted (``Bearer <redacted>``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engram_cli.nats_server import free_port
+from engram_cli.scripted_grammar import split_clauses, third_person
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,25 @@ class UpstreamError:
     message: str = "scripted failure"
 
 
-Reply = str | UpstreamError | Callable[[dict[str, Any]], "str | UpstreamError"]
+@dataclass(frozen=True)
+class ToolCall:
+    """A scripted reply that calls a tool (``finish_reason: tool_calls``)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str = "call_scripted_1"
+
+    def message_part(self, index: int = 0) -> dict[str, Any]:
+        return {
+            "index": index,
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+Answer = str | UpstreamError | ToolCall
+Reply = Answer | Callable[[dict[str, Any]], Answer]
 
 
 @dataclass
@@ -41,6 +64,27 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    method: str = "POST"
+    received_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "path": self.path,
+            "received_at": self.received_at,
+            "headers": {k: _redacted(k, v) for k, v in self.headers.items()},
+            "body": self.body,
+        }
+
+
+_CREDENTIALS = frozenset({"authorization", "x-upstream-authorization", "api-key", "x-api-key"})
+
+
+def _redacted(name: str, value: str) -> str:
+    if name.lower() not in _CREDENTIALS:
+        return value
+    scheme, _, secret = value.partition(" ")
+    return f"{scheme} <redacted>" if secret else "<redacted>"
 
 
 @dataclass
@@ -52,8 +96,10 @@ class ScriptedUpstream:
     requests: list[RecordedRequest] = field(default_factory=list)
     fail_with: int | None = None  # respond with this HTTP status instead
     delay_s: float = 0.0
+    keep: int | None = None  # remember at most this many requests (None: all)
 
     def __post_init__(self) -> None:
+        self._chats_received = 0
         self.port = free_port()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -69,14 +115,24 @@ class ScriptedUpstream:
         """Chat requests that came from users, without the workers' task calls."""
         return [body for body in self.chat_requests() if not is_task_request(body)]
 
-    def _next_reply(self, body: dict[str, Any]) -> str | UpstreamError:
-        index = len(self.chat_requests()) - 1
+    def _next_reply(self, body: dict[str, Any]) -> Answer:
+        # Counted apart from ``requests`` (which may be capped or cleared); a chat
+        # answered with ``fail_with`` still uses up its turn, as before.
+        index = self._chats_received - 1
         reply = self.replies[min(index, len(self.replies) - 1)]
         return reply(body) if callable(reply) else reply
 
+    def _record(self, request: Request, body: dict[str, Any]) -> None:
+        self.requests.append(
+            RecordedRequest(request.url.path, dict(request.headers), body, request.method)
+        )
+        if self.keep is not None and len(self.requests) > self.keep:
+            del self.requests[: len(self.requests) - self.keep]
+
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
-        self.requests.append(RecordedRequest(request.url.path, dict(request.headers), body))
+        self._record(request, body)
+        self._chats_received += 1
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.fail_with is not None:
@@ -91,10 +147,26 @@ class ScriptedUpstream:
                 status_code=text.status,
             )
         created = int(time.time())
-        completion_id = f"chatcmpl-{len(self.requests)}"
+        completion_id = f"chatcmpl-{self._chats_received}"
         if body.get("stream"):
-            return StreamingResponse(
-                self._stream(completion_id, created, text), media_type="text/event-stream"
+            chunks = (
+                self._stream_tool_call(completion_id, created, text)
+                if isinstance(text, ToolCall)
+                else self._stream(completion_id, created, text)
+            )
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        if isinstance(text, ToolCall):
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{k: v for k, v in text.message_part().items() if k != "index"}],
+            }
+            finish, words = "tool_calls", 1
+        else:
+            message, finish, words = (
+                {"role": "assistant", "content": text},
+                "stop",
+                len(text.split()),
             )
         return JSONResponse(
             {
@@ -102,31 +174,40 @@ class ScriptedUpstream:
                 "object": "chat.completion",
                 "created": created,
                 "model": body.get("model", self.model),
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": text},
-                    }
-                ],
+                "choices": [{"index": 0, "finish_reason": finish, "message": message}],
                 "usage": {
                     "prompt_tokens": 10,
-                    "completion_tokens": len(text.split()),
-                    "total_tokens": 10 + len(text.split()),
+                    "completion_tokens": words,
+                    "total_tokens": 10 + words,
                 },
             }
         )
 
+    def _chunk(
+        self, completion_id: str, created: int, delta: dict[str, Any], finish: str | None = None
+    ) -> str:
+        payload = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return f"data: {json.dumps(payload)}\n\n"
+
+    async def _stream_tool_call(self, completion_id: str, created: int, call: ToolCall):  # type: ignore[no-untyped-def]
+        part = call.message_part()
+        arguments = part["function"]["arguments"]
+        head = {**part, "function": {"name": call.name, "arguments": ""}}
+        yield self._chunk(completion_id, created, {"role": "assistant", "tool_calls": [head]})
+        tail = {"index": 0, "function": {"arguments": arguments}}
+        yield self._chunk(completion_id, created, {"tool_calls": [tail]})
+        yield self._chunk(completion_id, created, {}, "tool_calls")
+        yield "data: [DONE]\n\n"
+
     async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-            }
-            return f"data: {json.dumps(payload)}\n\n"
+            return self._chunk(completion_id, created, delta, finish)
 
         yield chunk({"role": "assistant", "content": ""})
         for word in text.split(" "):
@@ -137,7 +218,7 @@ class ScriptedUpstream:
         yield "data: [DONE]\n\n"
 
     async def _models(self, request: Request) -> Response:
-        self.requests.append(RecordedRequest(request.url.path, dict(request.headers), {}))
+        self._record(request, {})
         return JSONResponse(
             {
                 "object": "list",
@@ -147,11 +228,26 @@ class ScriptedUpstream:
             }
         )
 
+    async def _recorded(self, request: Request) -> Response:
+        if request.method == "DELETE":
+            forgotten = len(self.requests)
+            self.requests.clear()
+            return JSONResponse({"deleted": forgotten})
+        limit = request.query_params.get("limit", "")
+        if limit and not (limit.isdigit() and int(limit) > 0):
+            return JSONResponse(
+                {"error": {"message": "limit must be a positive integer", "type": "invalid"}},
+                status_code=400,
+            )
+        recorded = self.requests[-int(limit) :] if limit else list(self.requests)
+        return JSONResponse([r.to_json() for r in recorded])
+
     def app(self) -> Starlette:
         return Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/requests", self._recorded, methods=["GET", "DELETE"]),
             ]
         )
 
@@ -201,18 +297,27 @@ _PROFILE_PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
 ]
 
 
-def _third_person(sentence: str) -> str:
-    s = sentence.strip().rstrip(".!")
-    s = re.sub(r"\bI'm\b", "User is", s)
-    s = re.sub(r"\bI am\b", "User is", s)
-    s = re.sub(
-        r"^I (\w+?)(e?s)?\b",
-        lambda m: f"User {m.group(1)}{'es' if m.group(1).endswith(('sh', 'ch')) else 's'}",
-        s,
-    )
-    s = re.sub(r"\bmy\b", "User's", s, flags=re.IGNORECASE)
-    s = re.sub(r"\bme\b", "User", s)
-    return s[0].upper() + s[1:] if s else s
+def _statements(message: str) -> list[tuple[str, float]]:
+    """The first-person statements of a message, one per clause, with a confidence:
+    hedged ("I think…") 0.4, sure ("definitely") 0.95, else 0.9. Questions and
+    greetings are not statements."""
+    found = []
+    for raw in re.split(r"(?<=[.!?])\s+", message):
+        sentence = raw.strip()
+        if not sentence or sentence.endswith("?") or _CHIT_CHAT.match(sentence):
+            continue
+        for clause in split_clauses(sentence):
+            clause = _FILLERS.sub("", clause)
+            confidence = 0.9
+            if _UNSURE.search(clause):
+                confidence = 0.4
+                clause = _UNSURE.sub(lambda m: "is" if m.group(2) else "", clause)
+            if _SURE.search(clause):
+                confidence = 0.95
+                clause = _SURE.sub("", clause)
+            if re.match(r"^(i|i'm|i've|i'll|i'd|my)\b", clause, re.IGNORECASE):
+                found.append((clause, confidence))
+    return found
 
 
 def is_task_request(body: dict[str, Any]) -> bool:
@@ -255,20 +360,8 @@ class RuleBasedBrain:
     def _task_extract_facts(self, payload: dict[str, Any]) -> dict[str, Any]:
         facts: list[str] = []
         profile: list[dict[str, Any]] = []
-        for raw in re.split(r"(?<=[.!?])\s+", payload.get("message", "")):
-            sentence = _FILLERS.sub("", raw.strip())
-            if not sentence or sentence.endswith("?") or _CHIT_CHAT.match(sentence):
-                continue
-            confidence = 0.9
-            if _UNSURE.search(sentence):
-                confidence = 0.4
-                sentence = _UNSURE.sub(lambda m: "is" if m.group(2) else "", sentence)
-            if _SURE.search(sentence):
-                confidence = 0.95
-                sentence = _SURE.sub("", sentence)
-            if not re.match(r"^(i|i'm|my)\b", sentence, re.IGNORECASE):
-                continue
-            fact = _third_person(sentence)
+        for sentence, confidence in _statements(payload.get("message", "")):
+            fact = third_person(sentence)
             if len(facts) < 3:
                 facts.append(fact)
             for pattern, category, key in _PROFILE_PATTERNS:

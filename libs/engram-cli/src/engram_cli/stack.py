@@ -22,29 +22,15 @@ from typing import IO
 from urllib.parse import urlparse
 
 import httpx
-from pydantic import Field
 
+from engram_cli.cli_common import WORKERS, CliSettings, reachable_address
 from engram_cli.nats_server import NatsServerProcess, port_is_open
-from engram_core.settings import EngramSettings
 
 READY_TIMEOUT_S = 180.0
-#: Every worker, in start order; each is its own process (``engram-<name>``).
-WORKERS = ("ingest", "reconcile", "summarize", "evict", "mirror", "edits")
 STOP_TIMEOUT_S = 15.0
-
-
-class StackSettings(EngramSettings):
-    """What ``engram up`` needs to know; each service reads its own variables too."""
-
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = Field(default=8100, ge=1, le=65535)
-    retrieval_listen: str = "127.0.0.1:50051"
-    health_port_base: int = Field(
-        default=8201,
-        ge=1,
-        le=65535 - len(WORKERS),
-        description="The workers' health endpoints listen on this port and the next ones.",
-    )
+#: ``engram up`` reads the CLI's one settings class: where it places each piece is where
+#: the client commands look for it.
+StackSettings = CliSettings
 
 
 @dataclass
@@ -86,6 +72,21 @@ def _grpc_serving(address: str) -> Callable[[], bool]:
     return check
 
 
+def services_log_format(
+    settings: CliSettings, *, terminal: bool, extra_env: dict[str, str] | None = None
+) -> str:
+    """The ``ENGRAM_LOG_FORMAT`` ``engram up`` gives its services: the one set (in the
+    environment or ``extra_env``) as json or console; else console when their lines go
+    to a terminal (a developer watching), JSON otherwise (a file, a pipe, CI). The
+    services' own stderr is always a pipe to ``up``, so ``auto`` is decided here."""
+    wanted = (extra_env or {}).get("ENGRAM_LOG_FORMAT", "").strip().lower()
+    if not wanted and "log_format" in settings.model_fields_set:
+        wanted = settings.log_format
+    if wanted in ("json", "console"):
+        return wanted
+    return "console" if terminal else "json"
+
+
 def _script(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
@@ -94,7 +95,7 @@ def _script(name: str) -> str:
 class Stack:
     def __init__(
         self,
-        settings: StackSettings,
+        settings: CliSettings,
         *,
         echo: Callable[[str], None] = print,
         relay_logs: bool = True,
@@ -109,6 +110,9 @@ class Stack:
         self.workers = workers
         self.echo = echo
         self.relay_logs = relay_logs
+        self.log_format = services_log_format(
+            settings, terminal=relay_logs and sys.stdout.isatty(), extra_env=self.extra_env
+        )
         self.data_dir = settings.data_dir.resolve()
         self.log_dir = self.data_dir / "logs"
         nats = urlparse(settings.nats_url.split(",")[0])
@@ -128,12 +132,11 @@ class Stack:
             **self.extra_env,
             "ENGRAM_DATA_DIR": str(self.data_dir),
             "ENGRAM_NATS_URL": s.nats_url,
-            "ENGRAM_RETRIEVAL_ADDRESS": s.retrieval_listen,
+            "ENGRAM_RETRIEVAL_ADDRESS": reachable_address(s.retrieval_listen),
             "PYTHONUNBUFFERED": "1",
         }
-        if not sys.stderr.isatty():
-            base.setdefault("ENGRAM_LOG_FORMAT", "json")
-        gateway_url = f"http://{s.gateway_host}:{s.gateway_port}"
+        base["ENGRAM_LOG_FORMAT"] = self.log_format
+        gateway_url = s.local_gateway_url
         return [
             Component(
                 name="retrieval",
@@ -144,7 +147,7 @@ class Stack:
                     "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen,
                 },
                 endpoint=f"grpc://{s.retrieval_listen}",
-                is_ready=_grpc_serving(s.retrieval_listen),
+                is_ready=_grpc_serving(reachable_address(s.retrieval_listen)),
             ),
             Component(
                 name="gateway",
@@ -176,13 +179,17 @@ class Stack:
         ]
 
     def worker_health_ports(self) -> dict[str, int]:
-        return {w: self.settings.health_port_base + i for i, w in enumerate(WORKERS)}
+        return self.settings.worker_health_ports()
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.echo(f"engram: data dir {self.data_dir}")
+        self.echo(
+            f"engram: service logs as {self.log_format} (ENGRAM_LOG_FORMAT=json|console), "
+            f"also in {self.log_dir}"
+        )
         self.nats.start()
         self.echo(f"engram: nats       ready  {self.nats.url} (JetStream, {self.nats.store_dir})")
         for component in self.components:
@@ -287,7 +294,7 @@ class Stack:
         self.echo("engram: stopped")
 
 
-def run_stack(settings: StackSettings) -> int:
+def run_stack(settings: CliSettings) -> int:
     """Run until Ctrl-C / SIGTERM or until a component dies. Returns the exit code."""
     stack = Stack(settings)
     stop_requested = threading.Event()

@@ -23,9 +23,17 @@ from urllib.parse import urlparse
 import grpc
 import httpx
 
-from engram_cli.cli_common import CliSettings, add_gateway_flags, add_retrieval_flag, cli_settings
+from engram_cli.cli_common import (
+    WORKERS,
+    CliSettings,
+    add_gateway_flags,
+    add_health_port_flag,
+    add_nats_flag,
+    add_retrieval_flag,
+    cli_settings,
+)
+from engram_cli.console import print_table
 from engram_cli.nats_server import port_is_open
-from engram_cli.stack import WORKERS
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
@@ -122,8 +130,8 @@ async def collect_status(settings: CliSettings, tenant: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
         try:
             worker_urls = {
-                w: f"http://127.0.0.1:{settings.health_port_base + i}/readyz"
-                for i, w in enumerate(WORKERS)
+                w: f"http://127.0.0.1:{port}/readyz"
+                for w, port in settings.worker_health_ports().items()
             }
             gateway_ready, serving, consumers, *workers = await asyncio.gather(
                 _http_ready(http, f"{gateway}/readyz"),
@@ -150,31 +158,24 @@ def all_ready(status: dict[str, Any]) -> bool:
 
 
 def print_status(status: dict[str, Any], out: TextIO) -> None:
-    print("services:", file=out)
-    for name, entry in status["services"].items():
-        where = entry.get("url") or entry.get("address", "")
-        extra = f"  {entry['checks']}" if entry.get("checks") else ""
-        print(f"  {name:<10} {entry['status']:<12} {where}{extra}", file=out)
+    services = [
+        [name, entry["status"], entry.get("url") or entry.get("address", ""), entry.get("checks")]
+        for name, entry in status["services"].items()
+    ]
+    print_table(["service", "status", "where", "checks"], services, title="services", out=out)
     js = status["jetstream"]
     if "error" in js:
         print(f"jetstream: {js['error']}", file=out)
     else:
-        print(
-            f"jetstream: stream {js['stream']['name']}, {js['stream']['messages']} messages",
-            file=out,
-        )
-        print(
-            f"  {'consumer':<10} {'pending':>8} {'ack_pending':>12} {'redelivered':>12}", file=out
-        )
-        for name, info in js["consumers"].items():
-            if info is None:
-                print(f"  {name:<10} (no consumer yet)", file=out)
-            else:
-                print(
-                    f"  {name:<10} {info['num_pending']:>8} {info['num_ack_pending']:>12} "
-                    f"{info['redelivered']:>12}",
-                    file=out,
-                )
+        consumers = [
+            [name, "-", "-", "-", "no consumer yet"]
+            if info is None
+            else [name, info["num_pending"], info["num_ack_pending"], info["redelivered"], ""]
+            for name, info in js["consumers"].items()
+        ]
+        title = f"jetstream: stream {js['stream']['name']}, {js['stream']['messages']} messages"
+        columns = ["consumer", "pending", "ack_pending", "redelivered", "note"]
+        print_table(columns, consumers, title=title, out=out)
     counts = status["memories"]
     if "error" in counts:
         print(f"memories: {counts['error']}", file=out)
@@ -198,10 +199,8 @@ def add_status_parser(
     )
     parser.add_argument("--tenant", default="default", help="whose memories to count")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--nats", metavar="URL", help="default: $ENGRAM_NATS_URL")
-    parser.add_argument(
-        "--health-port-base", type=int, help="workers' first health port (default 8201)"
-    )
+    add_nats_flag(parser)
+    add_health_port_flag(parser)
     add_gateway_flags(parser)
     add_retrieval_flag(parser)
     parser.set_defaults(func=handler)
@@ -210,13 +209,6 @@ def add_status_parser(
 def status_command(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     settings = cli_settings(args)
-    updates: dict[str, Any] = {}
-    if args.nats:
-        updates["nats_url"] = args.nats
-    if args.health_port_base:
-        updates["health_port_base"] = args.health_port_base
-    if updates:
-        settings = settings.model_copy(update=updates)
     status = asyncio.run(collect_status(settings, args.tenant))
     if args.json:
         print(json.dumps(status, indent=2), file=out)

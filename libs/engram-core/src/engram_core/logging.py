@@ -1,7 +1,9 @@
 """structlog set-up shared by every service.
 
-JSON lines (or a console renderer on a TTY) with the service name and the current
-OpenTelemetry ``trace_id``/``span_id`` on every line. Records from the standard
+JSON lines by default (``ENGRAM_LOG_FORMAT=json``), or ``console``: structlog's
+readable renderer, coloured only when stderr is a terminal (so a log file holds no
+escape codes); ``auto`` picks console on a terminal. Every line carries the service
+name and the current OpenTelemetry ``trace_id``/``span_id``. Records from the standard
 library (uvicorn, faststream, grpc) go through the same processors.
 """
 
@@ -31,11 +33,12 @@ def add_trace_context(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, 
     return event_dict
 
 
-def configure_logging(service: str, level: str = "info", fmt: str = "auto") -> None:
+def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
     """Configure structlog and stdlib logging for one process (idempotent)."""
-    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+    terminal = sys.stderr.isatty()
+    use_console = fmt == "console" or (fmt == "auto" and terminal)
     renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=True)
+        structlog.dev.ConsoleRenderer(colors=terminal)
         if use_console
         else structlog.processors.JSONRenderer()
     )

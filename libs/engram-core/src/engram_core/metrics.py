@@ -2,8 +2,9 @@
 
 :func:`setup_metrics` installs the process's meter provider once: a Prometheus reader
 always (each service serves :func:`prometheus_exposition` on its own HTTP port), plus an
-OTLP push reader when ``OTEL_METRICS_EXPORTER`` names ``otlp`` (the OTLP endpoint comes
-from the same ``OTEL_EXPORTER_OTLP_*`` variables as traces). Engram does not push
+OTLP push reader when ``OTEL_METRICS_EXPORTER`` names ``otlp`` (the OTLP endpoint and
+protocol come from the same ``OTEL_EXPORTER_OTLP_*`` variables as traces, or their
+``_METRICS_`` forms; :mod:`engram_core.otlp`). Engram does not push
 metrics by default: a trace-only collector such as Jaeger would refuse them.
 
 The instruments below are created from the global (proxy) meter, so modules can hold
@@ -24,6 +25,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 
 from engram_core import semconv
+from engram_core.otlp import metric_exporter
 
 #: Seconds: from a cached embedding (ms) to a slow LLM reply (a minute).
 DURATION_BUCKETS_S = (
@@ -124,11 +126,7 @@ def setup_metrics(resource: Resource) -> MeterProvider:
 
         readers: list[MetricReader] = [PrometheusMetricReader()]
         if _otlp_push_requested():
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter,
-            )
-
-            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+            readers.append(PeriodicExportingMetricReader(metric_exporter()))
         _provider = MeterProvider(resource=resource, metric_readers=readers)
         metrics.set_meter_provider(_provider)
         return _provider

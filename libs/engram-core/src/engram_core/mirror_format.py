@@ -6,14 +6,19 @@ the tree) and ``engram rebuild`` (which reads it back into the index); docs/mirr
 describes the layout for humans.
 
 ```
-<root>/<tenant>/<conversation>/turns/{user,assistant}/<stamp>__<id>.md
-                               facts/ profile/ episodes/  <stamp>__<id>.md
-                               summaries/summary.md
-                               deleted/<same sub-path>/<stamp>__<id>.md   (tombstones)
+<root>/<tenant>/<scope>/turns/{user,assistant}/<stamp>__<id>.md
+                        facts/ profile/ episodes/  <stamp>__<id>.md
+                        summaries/summary.md
+                        deleted/<same sub-path>/<stamp>__<id>.md   (tombstones)
+
+<scope> = <conversation>           a memory with no user (``global``: tenant-wide)
+        | @<user>/<conversation>   a user's conversation (a conversation belongs to a user)
 ```
 
-Tenant and conversation ids may contain anything, so they are percent-encoded into
-a single safe path component (never ``.``/``..``, never a separator).
+Tenant, user and conversation ids may contain anything, so each is percent-encoded
+into a single safe path component (never ``.``/``..``, never a separator). ``@`` is
+always escaped by the encoding, so a name starting with ``@`` is a user and never a
+conversation.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ __all__ = [
     "DELETED_DIR",
     "KIND_DIRS",
     "SUMMARY_FILE",
+    "USER_MARK",
     "MirrorFile",
     "MirrorFormatError",
     "MirrorPath",
@@ -50,9 +56,13 @@ __all__ = [
     "id_from_name",
     "live_path",
     "memory_files",
+    "misplacement",
     "parse",
     "render",
+    "scope_dir",
     "tombstone_path",
+    "under_deleted",
+    "user_component",
 ]
 
 KIND_DIRS: dict[str, str] = {
@@ -67,6 +77,8 @@ _KIND_BY_DIR = {directory: kind for kind, directory in KIND_DIRS.items()}
 TURN_ROLE_DIRS = ("user", "assistant", "system", "tool")
 OTHER_ROLE_DIR = "other"
 DELETED_DIR = "deleted"
+#: Starts the directory of one user's conversations: ``<tenant>/@<user>/<conversation>/``.
+USER_MARK = "@"
 SUMMARY_FILE = "summary.md"
 FILE_SUFFIX = ".md"
 #: Separates the stamp from the id in a file name: ``20260301T123000Z__<uuid>.md``.
@@ -185,21 +197,48 @@ def _dated_name(record: MemoryRecord) -> str:
     return f"{file_stamp(record)}{NAME_SEPARATOR}{record.id}{FILE_SUFFIX}"
 
 
-def _conversation_dir(tenant: str, record: MemoryRecord) -> PurePosixPath:
-    return PurePosixPath(encode_component(tenant), encode_component(record.conversation_id))
+def user_component(user_id: str) -> str:
+    """The directory of one user's conversations: ``@`` + the encoded user id."""
+    return USER_MARK + encode_component(user_id)
+
+
+def scope_dir(tenant: str, user_id: str, conversation_id: str) -> PurePosixPath:
+    """The directory of one conversation scope, relative to the root:
+    ``<tenant>/<conversation>`` with no user, ``<tenant>/@<user>/<conversation>`` else."""
+    if user_id:
+        return PurePosixPath(
+            encode_component(tenant), user_component(user_id), encode_component(conversation_id)
+        )
+    return PurePosixPath(encode_component(tenant), encode_component(conversation_id))
+
+
+def _record_dir(tenant: str, record: MemoryRecord) -> PurePosixPath:
+    return scope_dir(tenant, record.user_id, record.conversation_id)
 
 
 def live_path(tenant: str, record: MemoryRecord) -> PurePosixPath:
     """Where a current memory lives, relative to the mirror root."""
     name = SUMMARY_FILE if record.kind == "summary" else _dated_name(record)
-    return _conversation_dir(tenant, record).joinpath(*_sub_dirs(record), name)
+    return _record_dir(tenant, record).joinpath(*_sub_dirs(record), name)
 
 
 def tombstone_path(tenant: str, record: MemoryRecord) -> PurePosixPath:
     """Where a superseded, deleted or evicted memory is kept, relative to the root."""
-    return _conversation_dir(tenant, record).joinpath(
+    return _record_dir(tenant, record).joinpath(
         DELETED_DIR, *_sub_dirs(record), _dated_name(record)
     )
+
+
+def _scope_depth(parts: tuple[str, ...]) -> int:
+    """How many leading path components name the scope: 3 under ``<tenant>/@<user>/``."""
+    return 3 if len(parts) > 1 and parts[1].startswith(USER_MARK) else 2
+
+
+def under_deleted(rel_path: str | PurePosixPath) -> bool:
+    """Whether a path (file or directory) lies under a scope's ``deleted/``."""
+    parts = PurePosixPath(rel_path).parts
+    depth = _scope_depth(parts)
+    return len(parts) > depth and parts[depth] == DELETED_DIR
 
 
 @dataclass(frozen=True)
@@ -208,29 +247,33 @@ class MirrorPath:
 
     path: PurePosixPath
     tenant: str | None  # None when the directory name is not a reversible encoding
+    #: "" in ``<tenant>/<conversation>/`` (no user); None when ``@<name>`` is not reversible
+    user_id: str | None
     conversation_id: str | None
-    deleted: bool  # under <tenant>/<conversation>/deleted/
+    deleted: bool  # under the scope's deleted/
     kind: str | None  # from the kind directory, if it is one
     role: str | None  # turns/<role>
     id_from_name: str | None  # the id in a canonical ``<stamp>__<id>.md`` name
+    scope_depth: int = 2  # leading components naming the scope (3 with a user level)
 
 
 def classify(rel_path: str | PurePosixPath) -> MirrorPath | None:
     """A memory file's :class:`MirrorPath`, or None for anything that is not one.
 
-    Not memory files: anything outside ``<tenant>/<conversation>/``, names or
-    directories starting with ``.`` (``.git``, editors' and the mirror's temp files),
-    and files not ending in ``.md``.
+    Not memory files: anything outside ``<tenant>/<conversation>/`` and
+    ``<tenant>/@<user>/<conversation>/``, names or directories starting with ``.``
+    (``.git``, editors' and the mirror's temp files), and files not ending in ``.md``.
     """
     path = PurePosixPath(rel_path)
     parts = path.parts
-    if len(parts) < 3 or path.is_absolute():
+    depth = _scope_depth(parts)
+    if len(parts) <= depth or path.is_absolute():
         return None
     if any(part.startswith(".") or part in ("", "..") for part in parts):
         return None
     if not parts[-1].endswith(FILE_SUFFIX):
         return None
-    rest = list(parts[2:-1])
+    rest = list(parts[depth:-1])
     deleted = bool(rest) and rest[0] == DELETED_DIR
     if deleted:
         rest = rest[1:]
@@ -242,26 +285,31 @@ def classify(rel_path: str | PurePosixPath) -> MirrorPath | None:
     return MirrorPath(
         path=path,
         tenant=decode_component(parts[0]),
-        conversation_id=decode_component(parts[1]),
+        user_id="" if depth == 2 else decode_component(parts[1][len(USER_MARK) :]),
+        conversation_id=decode_component(parts[depth - 1]),
         deleted=deleted,
         kind=kind,
         role=role,
         id_from_name=match.group("id") if match else None,
+        scope_depth=depth,
     )
 
 
-def memory_files(root: os.PathLike[str] | str) -> list[str]:
-    """Relative (POSIX) paths of every ``*.md`` file under ``<root>/<tenant>/<conversation>/``,
-    sorted; hidden files and directories (``.git``, temp files) are skipped."""
+def memory_files(root: os.PathLike[str] | str, tenant_dir: str | None = None) -> list[str]:
+    """Relative (POSIX) paths of every memory file (see :func:`classify`) under the
+    root, or under one tenant's directory of it, sorted; hidden files and directories
+    (``.git``, temp files) are skipped."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    top = os.path.join(root, tenant_dir) if tenant_dir else root
+    for dirpath, dirnames, filenames in os.walk(top):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         rel_dir = PurePosixPath(*os.path.relpath(dirpath, root).split(os.sep))
         if len(rel_dir.parts) < 2 or str(rel_dir) == ".":
             continue
         for name in sorted(filenames):
-            if name.endswith(FILE_SUFFIX) and not name.startswith("."):
-                found.append((rel_dir / name).as_posix())
+            rel = (rel_dir / name).as_posix()
+            if name.endswith(FILE_SUFFIX) and classify(rel) is not None:
+                found.append(rel)
     return found
 
 
@@ -363,7 +411,8 @@ def parse(
     *,
     new_id: Callable[[], str] | None = None,
 ) -> MirrorFile:
-    """Read a memory file. Missing fields come from its place in the tree (``where``).
+    """Read a memory file. Missing fields come from its place in the tree (``where``):
+    tenant, user (under ``@<user>/``), conversation, kind and a turn's role.
 
     Raises :class:`MirrorFormatError` for anything that is not a valid memory: no
     front matter, invalid YAML, unknown keys, values of the wrong type, an id that is
@@ -395,6 +444,8 @@ def parse(
         raise MirrorFormatError("no tenant (front matter 'tenant' or the directory name)")
     if "conversation_id" not in fields and where is not None and where.conversation_id:
         fields["conversation_id"] = where.conversation_id
+    if "user_id" not in fields and where is not None and where.user_id:
+        fields["user_id"] = where.user_id  # a file dropped into @<user>/ is that user's
 
     kind = _scalar_str(front.get("kind"), "kind") or (where.kind if where else None)
     if not kind:
@@ -459,6 +510,44 @@ def parse(
         except ValidationError as exc:
             raise MirrorFormatError(_describe(exc, prefix="tombstone.")) from None
     return MirrorFile(record=record, tenant=tenant, tombstone=tombstone, assigned_id=assigned)
+
+
+def misplacement(parsed: MirrorFile, where: MirrorPath) -> str | None:
+    """Why a parsed file does not belong where it lies, or None when it does.
+
+    A file's front matter must name the scope of its directories: the tenant, the user
+    (none in ``<tenant>/<conversation>/``, that user under ``@<user>/``) and the
+    conversation. :func:`parse` fills what the front matter leaves out from the place,
+    so this only fails for a file that names another scope than its folder's, or that
+    lies under a shortened (unreadable) directory name without stating the id.
+    """
+    record, parts = parsed.record, where.path.parts
+    if encode_component(parsed.tenant) != parts[0]:
+        return _differs("tenant", parsed.tenant, parts[0], readable=where.tenant is not None)
+    if where.scope_depth == 2 and record.user_id:
+        return (
+            f"user_id {record.user_id!r}, but the file is in a folder of memories with no "
+            f"user; a user's memories belong under {user_component(record.user_id)!r}"
+        )
+    if where.scope_depth == 3 and (
+        not record.user_id or user_component(record.user_id) != parts[1]
+    ):
+        return _differs("user_id", record.user_id, parts[1], readable=where.user_id is not None)
+    conversation_dir = parts[where.scope_depth - 1]
+    if encode_component(record.conversation_id) != conversation_dir:
+        readable = where.conversation_id is not None
+        return _differs("conversation_id", record.conversation_id, conversation_dir, readable)
+    return None
+
+
+def _differs(name: str, value: str, directory: str, readable: bool) -> str:
+    message = f"{name} {value!r} differs from the directory {directory!r}"
+    if not readable:
+        message += (
+            f" (a shortened id that cannot be read back from the name: write the {name} "
+            "in the front matter)"
+        )
+    return message
 
 
 def _split(content: str) -> tuple[dict[str, Any], str]:

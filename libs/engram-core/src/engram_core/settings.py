@@ -32,8 +32,11 @@ class EngramSettings(BaseSettings):
         default=DEFAULT_DATA_DIR, description="Where local state (NATS, Qdrant, mirror) lives."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["auto", "json", "console"] = Field(
-        default="auto", description="auto: console renderer on a TTY, JSON otherwise."
+    log_format: Literal["json", "console", "auto"] = Field(
+        default="json",
+        description="json (one object per line, for log stores) or console (readable, for "
+        "a developer's terminal); auto: console when stderr is a terminal. `engram up` "
+        "chooses for its services (console on a terminal) unless this is set.",
     )
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server URL(s).")
     retrieval_address: str = Field(
@@ -56,7 +59,7 @@ class EngramSettings(BaseSettings):
         default="127.0.0.1", description="Bind address of ENGRAM_METRICS_PORT (0.0.0.0 in a pod)."
     )
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

@@ -2,8 +2,10 @@
 
 The tracer provider is configured from the standard ``OTEL_*`` variables
 (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_*``): an
-OTLP exporter is added when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the traces-specific
-variable) is set, and a JSON-lines file exporter when ``ENGRAM_TRACES_FILE`` is.
+OTLP exporter (gRPC or HTTP/protobuf, by ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL``; see
+:mod:`engram_core.otlp`) is added when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or the
+traces-specific variable) is set, and a JSON-lines file exporter when
+``ENGRAM_TRACES_FILE`` is.
 Set-up errors are not swallowed: a broken exporter configuration stops the service.
 The same resource (service name) is given to the meter provider (:mod:`engram_core.metrics`).
 
@@ -34,6 +36,7 @@ from opentelemetry.trace import SpanKind
 
 from engram_core import metrics, semconv
 from engram_core.metrics import setup_metrics
+from engram_core.otlp import otlp_protocol, span_exporter
 
 _OTLP_ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
@@ -131,14 +134,14 @@ def prefer_stable_semconv() -> None:
 def setup_telemetry(service_name: str, traces_file: Path | None = None) -> Telemetry:
     """Install the global tracer and meter providers for this process."""
     prefer_stable_semconv()
+    for signal in ("traces", "metrics"):
+        otlp_protocol(signal)  # a bad protocol stops the process now, not at first export
     attributes = {SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME") or service_name}
     resource = Resource.create(attributes)
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(RpcMetricsSpanProcessor())
     if any(os.environ.get(var) for var in _OTLP_ENDPOINT_VARS):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(span_exporter()))
     if traces_file is not None:
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(traces_file)))
     trace.set_tracer_provider(provider)

@@ -26,8 +26,9 @@ from engram_gateway import browse_api, chat, health, memory_api, passthrough, ui
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.mcp_http import mount_mcp
+from engram_gateway.request_ids import RequestIdMiddleware
 from engram_gateway.settings import GatewaySettings
-from engram_gateway.state import GatewayState, RequestIdMiddleware
+from engram_gateway.state import GatewayState
 from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream, make_http_client, make_llm_client

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engram_core.logging import get_logger
 from engram_core.memory_port import RetrievalError
+from engram_gateway.request_ids import request_id_headers
 
 log = get_logger(__name__)
 
@@ -148,10 +149,15 @@ async def _retrieval_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     # Starlette re-raises after this handler, so the server logs the traceback; the
-    # caller only ever sees the OpenAI-shaped body.
+    # caller only ever sees the OpenAI-shaped body. This answer is sent from outside the
+    # request-id middleware, so it sets the id itself.
     log.error("unhandled error", path=request.url.path, error=repr(exc))
     return error_response(
-        500, "The gateway hit an internal error.", type=SERVER_ERROR, code="internal_error"
+        500,
+        "The gateway hit an internal error.",
+        type=SERVER_ERROR,
+        code="internal_error",
+        headers=request_id_headers(request),
     )
 
 

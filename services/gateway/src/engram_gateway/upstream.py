@@ -7,6 +7,13 @@ typed parameters, so no field is dropped, renamed or re-shaped. The caller's hea
 are forwarded except hop-by-hop ones, cookies, trace context (the gateway's own span
 is the parent upstream) and ``X-Engram-*``.
 
+Nor are the caller's SDK *call options* forwarded (``X-Stainless-Raw-Response`` from
+``with_raw_response``/``with_streaming_response``, the SDK's private cast override,
+and, on chats, ``X-Stainless-Retry-Count``/``-Read-Timeout``/``-Timeout``): they tell
+the caller's own client how to read its reply, and given to the gateway's client they
+would switch it to raw mode. The gateway's client sets its own retry count and timeout.
+The SDK's informational headers (``X-Stainless-Lang``, ``-Package-Version``, ...) pass.
+
 Error mapping: upstream 4xx → same status and body; upstream 5xx or a connection
 failure → 502; a timeout → 504. Always OpenAI-shaped, never a traceback.
 """
@@ -54,8 +61,16 @@ _DROP_REQUEST = _HOP_BY_HOP | {
     "tracestate",
     "baggage",
 }
+# The caller's SDK's per-call options (openai-python and openai-node): never a server's
+# business, and they steer an SDK that reads them (the gateway's own client does).
+_SDK_CALL_OPTIONS = frozenset({"x-stainless-raw-response", "____stainless_override_cast_to"})
+# What the gateway's own client sets for its chat call.
+_SDK_CALL_STATE = frozenset(
+    {"x-stainless-retry-count", "x-stainless-read-timeout", "x-stainless-timeout"}
+)
+_DROP_REQUEST = _DROP_REQUEST | _SDK_CALL_OPTIONS
 # Chat bodies are re-serialised and decoded by the gateway.
-_DROP_CHAT_REQUEST = _DROP_REQUEST | {"content-type", "accept-encoding"}
+_DROP_CHAT_REQUEST = _DROP_REQUEST | _SDK_CALL_STATE | {"content-type", "accept-encoding"}
 UPSTREAM_AUTH_HEADER = "x-upstream-authorization"
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length", "date", "server"}
 

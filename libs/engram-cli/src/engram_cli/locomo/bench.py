@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engram_cli.bench_common import RetrievalProcess, percentiles, progress
+from engram_cli.bench_common import RetrievalProcess, percentiles
+from engram_cli.console import ProgressBar, print_table, render_table
 from engram_cli.locomo.dataset import (
     CATEGORIES,
     DEFAULT_CATEGORIES,
@@ -139,16 +140,17 @@ async def ingest(
     total = sum(len(s.turns) for s in samples)
     done = 0
     started = time.perf_counter()
-    progress("ingesting turns", 0, total)
-    for sample in samples:
-        memories = turn_memories(sample)
-        for offset in range(0, len(memories), batch):
-            chunk = memories[offset : offset + batch]
-            reply = await client.upsert(pb.UpsertRequest(tenant=tenant_of(sample), memories=chunk))
-            for result, memory in zip(reply.results, chunk, strict=True):
-                ingested.turn_of_point[result.id] = memory.source_id
-            done += len(chunk)
-            progress("ingesting turns", done, total)
+    with ProgressBar("ingesting turns", total) as bar:
+        for sample in samples:
+            memories = turn_memories(sample)
+            for offset in range(0, len(memories), batch):
+                chunk = memories[offset : offset + batch]
+                request = pb.UpsertRequest(tenant=tenant_of(sample), memories=chunk)
+                reply = await client.upsert(request)
+                for result, memory in zip(reply.results, chunk, strict=True):
+                    ingested.turn_of_point[result.id] = memory.source_id
+                done += len(chunk)
+                bar.update(done)
     ingested.turns = total
     ingested.seconds = time.perf_counter() - started
 
@@ -219,13 +221,15 @@ async def query_all(
     rows: list[tuple[int, dict[str, float]]] = []
     latencies: list[float] = []
     label = f"searching ({config.name})"
-    for n, (sample, q) in enumerate(questions, start=1):
-        request = search_request(sample, q.question, top_k, config)
-        started = time.perf_counter()
-        reply = await client.search(request)
-        latencies.append((time.perf_counter() - started) * 1000.0)
-        rows.append((q.category, score_question(ranking_of(reply, turn_of_point), q.evidence, ks)))
-        progress(label, n, len(questions))
+    with ProgressBar(label, len(questions)) as bar:
+        for sample, q in questions:
+            request = search_request(sample, q.question, top_k, config)
+            started = time.perf_counter()
+            reply = await client.search(request)
+            latencies.append((time.perf_counter() - started) * 1000.0)
+            ranking = ranking_of(reply, turn_of_point)
+            rows.append((q.category, score_question(ranking, q.evidence, ks)))
+            bar.advance()
     return rows, latencies
 
 
@@ -315,26 +319,32 @@ def _ndcg_k(ks: Sequence[int]) -> int:
     return 10 if 10 in ks else ks[0]
 
 
+TABLE_TITLE = "LoCoMo retrieval (%), Search latency (ms)"
+
+
 def format_table(results: Sequence[dict[str, Any]], ks: Sequence[int]) -> str:
+    return render_table(*table(results, ks), title=TABLE_TITLE)
+
+
+def table(
+    results: Sequence[dict[str, Any]], ks: Sequence[int]
+) -> tuple[list[str], list[list[object]]]:
     nk = _ndcg_k(ks)
-    header = (
-        f"{'config':<14} {'category':<12} {'n':>4} "
-        + " ".join(f"{f'R@{k}':>6}" for k in ks)
-        + f" {f'H@{nk}':>6} {f'NDCG@{nk}':>8} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7}"
-    )
-    lines = [header, "-" * len(header)]
+    columns = ["config", "category", "n", *(f"R@{k}" for k in ks), f"H@{nk}", f"NDCG@{nk}"]
+    columns += ["p50 ms", "p95 ms", "p99 ms"]
+    rows: list[list[object]] = []
     for result in results:
         groups = [("overall", {"questions": result["questions"], **result["overall"]})]
         groups += list(result["by_category"].items())
         for i, (name, scores) in enumerate(groups):
             latency = result["latency_ms"] if i == 0 else {}
-            lines.append(
-                f"{result['config'] if i == 0 else '':<14} {name:<12} {scores['questions']:>4} "
-                + " ".join(f"{100 * scores[f'recall@{k}']:>6.1f}" for k in ks)
-                + f" {100 * scores[f'hit@{nk}']:>6.1f} {100 * scores[f'ndcg@{nk}']:>8.1f}"
-                + "".join(f" {latency.get(p, ''):>7}" for p in ("p50", "p95", "p99"))
+            rows.append(
+                [result["config"] if i == 0 else "", name, scores["questions"]]
+                + [round(100 * scores[f"recall@{k}"], 1) for k in ks]
+                + [round(100 * scores[f"hit@{nk}"], 1), round(100 * scores[f"ndcg@{nk}"], 1)]
+                + [latency.get(p, "") for p in ("p50", "p95", "p99")]
             )
-    return "\n".join(lines)
+    return columns, rows
 
 
 _STYLES = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", "-")]
@@ -494,7 +504,7 @@ def _cmd_locomo(args: argparse.Namespace) -> int:
     results, ingested = asyncio.run(run_locomo(plan))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(format_table(results, ks))
+    print_table(*table(results, ks), title=TABLE_TITLE)
     document = results_document(results, plan, ingested, skipped)
     print(
         f"{document['turns']} turns ingested at {document['ingest_turns_per_s']}/s; "

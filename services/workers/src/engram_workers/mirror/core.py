@@ -25,6 +25,7 @@ from engram_core.mirror_format import (
     tombstone_path,
 )
 from engram_workers.mirror.git import GitError, GitRepo
+from engram_workers.mirror.migration import migrate_layout
 from engram_workers.mirror.tree import Batch, MirrorTree, PendingChanges
 from engram_workers.mirror.watcher import EditWatcher
 
@@ -92,6 +93,8 @@ class Mirror:
         self.pending.journal_path = self.root / ".git" / JOURNAL_NAME
         journal = self.pending.load_journal()
         dirty = await self.git.dirty_paths()
+        moved = await migrate_layout(self.root, self.git, self.pending)
+        journal, dirty = _follow_moves(journal, dirty, moved)
         files = await asyncio.to_thread(self.tree.scan)
         backlog = await asyncio.to_thread(self._recover, journal, dirty)
         self._tasks.append(asyncio.create_task(self._commit_loop(), name="mirror-commits"))
@@ -227,6 +230,19 @@ class Mirror:
                     changes={f"{op}:{kind}": n for (op, kind), n in sorted(batch.counts.items())},
                 )
             return commit
+
+
+def _follow_moves(
+    journal: dict[str, str | None], dirty: list[str], moved: dict[str, str]
+) -> tuple[dict[str, str | None], list[str]]:
+    """The journal and the changed files as they were before the layout migration,
+    under the paths the migration moved them to (a rename keeps their content)."""
+    if not moved:
+        return journal, dirty
+    return (
+        {moved.get(rel, rel): sha for rel, sha in journal.items()},
+        [moved.get(rel, rel) for rel in dirty],
+    )
 
 
 def _existing(root: Path, rels: list[str]) -> set[str]:

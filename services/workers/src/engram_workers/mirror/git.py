@@ -28,11 +28,13 @@ README = """\
 Every memory Engram holds, as one Markdown file with YAML front matter, written by
 the file-mirror worker (`engram-mirror`) and committed here in batches.
 
-    <tenant>/<conversation>/turns/{user,assistant}/<time>__<id>.md
-    <tenant>/<conversation>/{facts,profile,episodes}/<time>__<id>.md
-    <tenant>/<conversation>/summaries/summary.md
-    <tenant>/<conversation>/deleted/...   superseded, deleted and evicted memories
+    <tenant>/@<user>/<conversation>/turns/{user,assistant}/<time>__<id>.md
+    <tenant>/@<user>/<conversation>/{facts,profile,episodes}/<time>__<id>.md
+    <tenant>/@<user>/<conversation>/summaries/summary.md
+    <tenant>/@<user>/<conversation>/deleted/...   superseded, deleted and evicted memories
+    <tenant>/<conversation>/...   memories with no user (global: the whole tenant's)
 
+A conversation belongs to a user: a file added under @<user>/ is that user's.
 Edit a file's text or front matter, add a file, or delete one: the mirror turns the
 change into an `engram.memory.edited.v1` event and the index follows. Files under
 `deleted/` are history and are not watched. `engram rebuild` re-creates the index

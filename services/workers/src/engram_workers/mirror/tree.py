@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from engram_core.logging import get_logger
-from engram_core.mirror_format import DELETED_DIR, classify, content_sha256, memory_files
+from engram_core.mirror_format import classify, content_sha256, memory_files, under_deleted
 
 log = get_logger(__name__)
 
@@ -104,17 +104,12 @@ class MirrorTree:
                 continue
             # Live files win over tombstones of the same id.
             current = self.path_by_id.get(memory_id)
-            if current is not None and not _is_deleted(current) and _is_deleted(rel):
+            if current is not None and not under_deleted(current) and under_deleted(rel):
                 self.id_by_path[rel] = memory_id
                 continue
             self.track(rel, memory_id)
             count += 1
         return count
-
-
-def _is_deleted(rel: str) -> bool:
-    parts = rel.split("/")
-    return len(parts) > 3 and parts[2] == DELETED_DIR
 
 
 def _front_matter_id(path: Path) -> str | None:

@@ -5,8 +5,10 @@ events (editors save through temp files and renames): a file whose content the
 mirror already accounted for is skipped, so the mirror's own writes never echo back.
 A changed or new file is parsed and published as ``upserted``; a removed one as
 ``deleted``. Files under ``deleted/``, hidden files and directories (``.git``, temp
-files) and anything outside ``<tenant>/<conversation>/`` are ignored. A file that does
-not parse is reported in the log and not published.
+files) and anything outside ``<tenant>/<conversation>/`` and
+``<tenant>/@<user>/<conversation>/`` are ignored. A file that does not parse, or whose
+front matter names another user or conversation than its folder, is reported in the
+log and not published.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from engram_core.events import Event, MemoryEdited, deterministic_event_id
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import (
-    DELETED_DIR,
+    MirrorFile,
     MirrorFormatError,
     MirrorPath,
     classify,
     content_sha256,
+    misplacement,
     parse,
     render,
+    under_deleted,
 )
 from engram_workers.mirror.git import GitRepo
 from engram_workers.mirror.tree import MirrorTree, PendingChanges
@@ -73,6 +77,8 @@ class EditWatcher:
         self.stop_event = asyncio.Event()
         self._watch_stop = asyncio.Event()
         self._retry: set[str] = set()
+        #: memory id -> a refused file (another scope than its folder's) that holds it
+        self._misplaced_files: dict[str, str] = {}
         self.watching = asyncio.Event()
         # watchfiles logs every batch at INFO; the outcomes are logged here instead.
         logging.getLogger("watchfiles").setLevel(logging.WARNING)
@@ -173,7 +179,7 @@ class EditWatcher:
         parts = rel.split("/")
         if any(part.startswith(".") for part in parts):
             return False
-        if len(parts) >= 3 and parts[2] == DELETED_DIR:
+        if under_deleted(rel):
             return False
         # Directories pass (see _paths); files only when they are memory files.
         return not parts[-1].endswith(".md") or classify(rel) is not None
@@ -230,6 +236,8 @@ class EditWatcher:
             return self._malformed(rel, sha, "not UTF-8 text")
         except MirrorFormatError as exc:
             return self._malformed(rel, sha, str(exc))
+        if self._misplaced(rel, sha, parsed, info):
+            return None
         record, assigned = parsed.record, parsed.assigned_id
         other = self.tree.path_by_id.get(record.id)
         if (
@@ -267,12 +275,14 @@ class EditWatcher:
             # Never a memory (a file that did not parse, say): nothing to delete.
             self.tree.known[rel] = None
             return None
-        if memory_id in claimed:
+        if memory_id in claimed or self._held_by_misplaced_file(memory_id):
             # The same memory showed up under another name in this batch: a move.
             self.tree.known[rel] = None
             if self.tree.id_by_path.get(rel) == memory_id:
                 self.tree.id_by_path.pop(rel)
             self.pending.record(rel, None, "hand-moved", info.kind or "memory")
+            return None
+        if self._removed_a_second_file(rel, info, memory_id):
             return None
         state = await self._last_state(rel, info, memory_id)
         if state is None:
@@ -308,9 +318,55 @@ class EditWatcher:
             kind=info.kind or "fact",  # type: ignore[arg-type]
             role=info.role or "",
             text="",
+            user_id=info.user_id or "",
             conversation_id=info.conversation_id or "default",
         )
         return info.tenant, record
+
+    def _misplaced(self, rel: str, sha: str, parsed: MirrorFile, info: MirrorPath) -> bool:
+        """Refuse a file whose front matter names another user or conversation than its
+        folder (a memory is never moved to another scope, or given to another user, by
+        where a file is dropped). The memory keeps its indexed state; a file of a known
+        memory moved there is remembered so its old path's removal is not a deletion."""
+        problem = misplacement(parsed, info)
+        if problem is None:
+            self._misplaced_files.pop(parsed.record.id, None)
+            return False
+        self._malformed(rel, sha, f"misplaced: {problem}")
+        if not parsed.assigned_id:
+            self._misplaced_files[parsed.record.id] = rel
+        return True
+
+    def _held_by_misplaced_file(self, memory_id: str) -> bool:
+        rel = self._misplaced_files.get(memory_id)
+        if rel is not None and not self.tree.abs(rel).is_file():
+            del self._misplaced_files[memory_id]
+            return False
+        return rel is not None
+
+    def _removed_a_second_file(self, rel: str, info: MirrorPath, memory_id: str) -> bool:
+        """A removed file whose memory another live file still holds (a refused copy
+        in another user's folder, say) was not the memory: forget the file, keep the
+        memory."""
+        holder = next(
+            (
+                other
+                for other, held in self.tree.id_by_path.items()
+                if held == memory_id
+                and other != rel
+                and not under_deleted(other)
+                and self.tree.abs(other).is_file()
+            ),
+            None,
+        )
+        if holder is None:
+            return False
+        self.tree.known[rel] = None
+        self.tree.untrack(rel)
+        self.tree.track(holder, memory_id)
+        self.pending.record(rel, None, "hand-deleted", info.kind or "memory")
+        log.info("mirror.second_file_removed", path=rel, memory_id=memory_id, kept=holder)
+        return True
 
     def _malformed(self, rel: str, sha: str, reason: str) -> None:
         if self.tree.known.get(rel) != sha:

@@ -1,0 +1,61 @@
+"""The request id: every request gets one (the caller's ``X-Request-Id`` when it is
+sane), every log line carries it, and every answer echoes it, errors included.
+
+``RequestIdMiddleware`` is the outermost user middleware, but Starlette's
+``ServerErrorMiddleware`` sits outside it and sends the 500 of an unhandled exception
+itself; that answer gets the id from ``request_id_headers`` (the error handler reads
+the id this middleware put in the ASGI scope).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import structlog
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def request_id(request: Request) -> str:
+    rid: str = request.scope["state"]["request_id"]
+    return rid
+
+
+def request_id_headers(request: Request) -> dict[str, str]:
+    """``{"X-Request-Id": id}`` once the middleware has run, else nothing."""
+    rid = request.scope.get("state", {}).get("request_id")
+    return {REQUEST_ID_HEADER: rid} if rid else {}
+
+
+class RequestIdMiddleware:
+    """Give every request an id, put it on every log line and echo it in the response.
+
+    Turn ids derive from it, so a client that retries with the same ``X-Request-Id``
+    re-publishes the same events and JetStream de-duplicates them.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next(
+            (v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), ""
+        )
+        rid = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(request_id=rid):
+            await self.app(scope, receive, send_with_id)
