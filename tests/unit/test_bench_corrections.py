@@ -20,4 +20,3 @@ def test_the_old_turn_counts_against_a_correction_when_above_the_fact_or_alone()
         "old_turn_recalled_pct": 75.0,
         "old_above_fact_pct": 50.0,
     }
-
