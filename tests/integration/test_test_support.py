@@ -7,8 +7,13 @@ import openai
 async def test_nats_server_has_jetstream(nats_url: str) -> None:
     nc = await nats.connect(nats_url)
     try:
-        info = await nc.jetstream().account_info()
-        assert info.limits is not None
+        js = nc.jetstream()
+        await js.add_stream(name="PROBE", subjects=["probe.>"])
+        ack = await js.publish("probe.one", b"x", headers={"Nats-Msg-Id": "m1"})
+        again = await js.publish("probe.one", b"x", headers={"Nats-Msg-Id": "m1"})
+        # persisted and de-duplicated, as the engram stream relies on
+        assert (ack.stream, ack.seq, again.duplicate) == ("PROBE", 1, True)
+        assert (await js.stream_info("PROBE")).state.messages == 1
     finally:
         await nc.close()
 

@@ -337,7 +337,7 @@ async def test_a_store_made_before_token_vectors_opens_without_late_interaction(
 ) -> None:
     from qdrant_edge import EdgeShard
 
-    from engram_retrieval.store.edge import edge_config
+    from engram_retrieval.store.edge_shard import edge_config
 
     legacy = tmp_path / "legacy"
     legacy.mkdir()

@@ -22,10 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engram_cli.bench_common import (  # noqa: F401 (re-exported: older import sites)
-    RetrievalProcess,
-    percentiles,
-)
+from engram_cli.bench_common import RetrievalProcess
 from engram_cli.console import ProgressBar, print_table
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient

@@ -28,7 +28,7 @@ import httpx
 import nats
 import numpy as np
 
-from engram_cli.bench import percentiles
+from engram_cli.bench_common import percentiles
 from engram_cli.bench_writepath import bench_stack
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.stack import WORKERS, StackSettings

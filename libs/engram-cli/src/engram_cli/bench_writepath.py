@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import nats
 
-from engram_cli.bench import percentiles
+from engram_cli.bench_common import percentiles
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.nats_server import free_port, free_port_block
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream

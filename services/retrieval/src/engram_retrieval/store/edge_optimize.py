@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from engram_retrieval.store.base import StoreError
+from engram_retrieval.store.edge_shard import open_shard
 
-DEFAULT_INDEX_THRESHOLD = 20_000
 _GENERATION = ".gen-"
 
 
@@ -109,8 +109,6 @@ async def run_optimizer(path: Path, dim: int, index_threshold: int) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     path, dim, threshold = (argv if argv is not None else sys.argv[1:])[:3]
     os.nice(10)  # the service's own work comes first
-    from engram_retrieval.store.edge import open_shard
-
     started = time.perf_counter()
     shard, _ = open_shard(Path(path), int(dim), int(threshold))
     optimized = shard.optimize()

@@ -1,0 +1,108 @@
+"""The embedded shard's configuration and how it is opened: the same in the service
+(:mod:`engram_retrieval.store.edge`) and in the optimiser's child process
+(:mod:`engram_retrieval.store.edge_optimize`), which both import it from here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qdrant_edge import (
+    DatetimeIndexParams,
+    Distance,
+    EdgeConfig,
+    EdgeOptimizersConfig,
+    EdgeShard,
+    EdgeSparseVectorParams,
+    EdgeVectorParams,
+    HnswIndexConfig,
+    KeywordIndexParams,
+    Modifier,
+    MultiVectorComparator,
+    MultiVectorConfig,
+    UpdateOperation,
+    VectorStorageDatatype,
+)
+
+from engram_retrieval.lexical import SPARSE_VECTOR
+from engram_retrieval.store.base import DENSE_VECTOR, PAYLOAD_INDEXES, TOKENS_VECTOR, StoreError
+
+DEFAULT_INDEX_THRESHOLD = 20_000
+
+# Every read filters on the tenant, so the graph is built per tenant (payload_m on the
+# is_tenant index) and there is no global graph (m=0), which no query could use.
+# Filters matching fewer vectors than full_scan_threshold (KB of vectors, ~6.6k
+# 384-d vectors) are answered exactly through the payload indexes, graph or not.
+HNSW = {"m": 0, "payload_m": 16, "ef_construct": 100, "full_scan_threshold": 10_000}
+# Token vectors are only ever scored for given ids (late interaction over a candidate
+# pool), never searched: no graph at all, and kept on disk (≈ 28 KB a memory).
+NO_GRAPH = {"m": 0, "payload_m": 0, "ef_construct": 100, "full_scan_threshold": 10_000}
+
+
+def edge_config(
+    dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD, *, late_interaction: bool = True
+) -> EdgeConfig:
+    """The shard's configuration; the same in the service and the optimiser process."""
+    vectors = {DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)}
+    if late_interaction:
+        vectors[TOKENS_VECTOR] = EdgeVectorParams(
+            size=dim,
+            distance=Distance.Cosine,
+            multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
+            datatype=VectorStorageDatatype.Float16,
+            on_disk=True,
+            hnsw_config=HnswIndexConfig(**NO_GRAPH),
+        )
+    return EdgeConfig(
+        vectors=vectors,
+        sparse_vectors={SPARSE_VECTOR: EdgeSparseVectorParams(modifier=Modifier.Idf)},
+        # one indexing thread: on a small machine the other core keeps serving
+        hnsw_config=HnswIndexConfig(max_indexing_threads=1, **HNSW),
+        optimizers=EdgeOptimizersConfig(
+            indexing_threshold=max(1, index_threshold * dim * 4 // 1024),  # KB of vectors
+            prevent_unoptimized=False,  # never hide points waiting for an index
+        ),
+    )
+
+
+def index_schema(kind: str) -> Any:
+    # Only the tenant gets HNSW sub-graphs; the other indexes serve exact filtering.
+    if kind == "tenant":
+        return KeywordIndexParams(is_tenant=True, enable_hnsw=True)
+    if kind == "datetime":
+        return DatetimeIndexParams(enable_hnsw=False)
+    return KeywordIndexParams(enable_hnsw=False)
+
+
+def open_shard(
+    path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD
+) -> tuple[EdgeShard, bool]:
+    """The shard at ``path`` (created when absent) and whether it holds token vectors:
+    a shard created before they existed is opened as it is, without them."""
+    try:
+        if path.is_dir() and any(path.iterdir()):
+            try:
+                shard = EdgeShard.load(str(path), edge_config(dim, index_threshold))
+                late = True
+            except Exception as exc:
+                if "vector storages with keys" not in str(exc):  # not a shard without tokens
+                    raise
+                config = edge_config(dim, index_threshold, late_interaction=False)
+                shard, late = EdgeShard.load(str(path), config), False
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            shard = EdgeShard.create(str(path), edge_config(dim, index_threshold))
+            late = True
+    except Exception as exc:  # the bindings raise plain Exception subclasses
+        raise StoreError(f"cannot open the embedded Qdrant store at {path}: {exc}") from exc
+    existing = shard.info().payload_schema
+    for name, kind in PAYLOAD_INDEXES:
+        schema = index_schema(kind)
+        held = existing.get(name)
+        if held is not None:
+            if getattr(held.params, "enable_hnsw", None) == schema.enable_hnsw:
+                continue
+            # created before sub-graphs were limited to the tenant: recreate
+            shard.update(UpdateOperation.delete_field_index(name))
+        shard.update(UpdateOperation.create_field_index(name, schema))
+    return shard, late
