@@ -1,1 +1,1 @@
-pytest_plugins = ["engram_testing.fixtures"]
+pytest_plugins = ["engram_testing.fixtures", "engram_testing.browser"]

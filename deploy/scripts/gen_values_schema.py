@@ -176,8 +176,18 @@ components = obj(
                     {"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]}, "port": PORT},
                     required=("type", "port"),
                 ),
+                "ui": obj(
+                    {"enabled": BOOL},
+                    required=("enabled",),
+                    description="The memory browser at /ui (ENGRAM_GATEWAY_UI)",
+                ),
+                "mcp": obj(
+                    {"enabled": BOOL},
+                    required=("enabled",),
+                    description="The MCP server at /mcp (ENGRAM_GATEWAY_MCP)",
+                ),
             },
-            required=("enabled", "port", "service"),
+            required=("enabled", "port", "service", "ui", "mcp"),
         ),
         "retrieval": obj(
             {
@@ -331,7 +341,7 @@ schema = {
                                 ),
                             },
                         },
-                        required=("host", "paths"),
+                        required=("host",),
                     ),
                 },
                 "tls": ARR_OBJ,

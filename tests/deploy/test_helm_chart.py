@@ -352,6 +352,12 @@ BAD_VALUES = [
         id="unknown-component",
     ),
     pytest.param(
+        ("components.gateway.ui.enabled=no",),
+        "at '/components/gateway/ui/enabled': got string, want boolean",
+        None,
+        id="ui-switch-type",
+    ),
+    pytest.param(
         ("components.ingest.replica=3",),
         "at '/components/ingest': additional properties 'replica' not allowed",
         None,
@@ -518,6 +524,7 @@ def test_helm_test_checks_gateway_health_and_a_retrieval_search() -> None:
     (container,) = pod["spec"]["containers"]
     script = container["args"][0]
     assert "/healthz" in script and "/readyz" in script
+    assert '"/ui/"' in script and '"/mcp"' in script
     assert "MemoryServiceStub" in script and ".Search(" in script
     env = env_of(container)
     assert env["GATEWAY_URL"]["value"] == f"http://{full('gateway')}:8100"
@@ -533,6 +540,47 @@ def test_ingress_routes_to_the_gateway_service() -> None:
     assert backend == {"name": full("gateway"), "port": {"number": 80}}
     assert named(objects, "Service", full("gateway"))["spec"]["ports"][0]["port"] == 80
     assert not of_kind(objects, "NetworkPolicy")
+
+
+def _ingress_paths(*sets: str) -> list[tuple[str, str]]:
+    (ingress,) = of_kind(render("ingress.enabled=true", *sets), "Ingress")
+    (rule,) = ingress["spec"]["rules"]
+    return [(p["path"], p["pathType"]) for p in rule["http"]["paths"]]
+
+
+def test_ingress_routes_the_public_paths_of_what_is_switched_on() -> None:
+    assert _ingress_paths() == [
+        ("/v1", "Prefix"),
+        ("/ui", "Prefix"),
+        ("/", "Exact"),
+        ("/mcp", "Exact"),
+    ]  # never /metrics nor the probes
+    assert _ingress_paths("components.gateway.ui.enabled=false") == [
+        ("/v1", "Prefix"),
+        ("/mcp", "Exact"),
+    ]
+    assert _ingress_paths("components.gateway.mcp.enabled=false")[-1] == ("/", "Exact")
+    explicit = (
+        "ingress.hosts[0].host=engram.example.org,"
+        "ingress.hosts[0].paths[0].path=/engram,ingress.hosts[0].paths[0].pathType=Prefix"
+    )
+    assert _ingress_paths(explicit) == [("/engram", "Prefix")]
+
+
+@pytest.mark.parametrize("switch", ["ui", "mcp"])
+def test_the_browser_and_mcp_are_on_by_default_and_each_can_be_turned_off(switch: str) -> None:
+    variable = f"ENGRAM_GATEWAY_{switch.upper()}"
+
+    def gateway_env(*sets: str) -> dict[str, Obj]:
+        (container,) = containers(named(render(*sets), "Deployment", full("gateway")))
+        return env_of(container)
+
+    assert gateway_env()[variable]["value"] == "true"
+    assert gateway_env(f"components.gateway.{switch}.enabled=false")[variable]["value"] == "false"
+    (pod,) = of_kind(render(f"components.gateway.{switch}.enabled=false"), "Pod")
+    assert env_of(pod["spec"]["containers"][0])[f"{switch.upper()}_ENABLED"]["value"] == "false"
+    message = lint_error(f"components.ingest.{switch}.enabled=false")
+    assert f"at '/components/ingest': additional properties '{switch}' not allowed" in message
 
 
 def test_workers_expose_their_health_port_for_scraping() -> None:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engram_cli.scripted_llm import RuleBasedBrain
 from engram_cli.stack import Stack
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
+from engram_gateway.keys import entry_for
 from engram_testing.stack import stack_settings
 from engram_testing.upstream import ScriptedUpstream
 from engram_testing.waiting import eventually
@@ -71,3 +74,51 @@ def read_spans(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- two tenants, for the MCP server and the memory browser ----------------------------------
+
+TOOLS_KEY_A, TOOLS_KEY_B = "e2e-tools-key-a", "e2e-tools-key-b"
+
+
+@dataclass
+class TwoTenantStack:
+    """The stack with API keys for two tenants (A: acme, B: beta) and its spans file."""
+
+    stack: Stack
+    spans_file: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.stack.settings.gateway_host}:{self.stack.settings.gateway_port}"
+
+
+@pytest.fixture(scope="module")
+def two_tenant_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoTenantStack]:
+    """Gateway, retrieval, NATS and the learning workers (ingest, reconcile, summarize)
+    with the rule-based scripted LLM, for one test module (the MCP tests, the browser
+    tests), stopped when the module is done."""
+    tmp = tmp_path_factory.mktemp("two-tenants")
+    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply="Noted.")]).start()
+    spans_file = tmp / "spans.jsonl"
+    keys = f"{entry_for(TOOLS_KEY_A, 'acme')},{entry_for(TOOLS_KEY_B, 'beta')}"
+    stack = Stack(
+        stack_settings(tmp / "data"),
+        echo=lambda _: None,
+        relay_logs=False,
+        workers=("ingest", "reconcile", "summarize"),
+        extra_env={
+            "ENGRAM_LLM_BASE_URL": upstream.base_url,
+            # add_memory sends no model: the workers' own decides what extraction uses
+            "ENGRAM_LLM_MODEL": upstream.model,
+            "ENGRAM_LOG_FORMAT": "json",
+            "ENGRAM_API_KEYS": keys,
+            "ENGRAM_TRACES_FILE": str(spans_file),
+        },
+    )
+    try:
+        stack.start()
+        yield TwoTenantStack(stack, spans_file)
+    finally:
+        stack.stop()
+        upstream.stop()

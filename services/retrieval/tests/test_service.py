@@ -391,6 +391,57 @@ async def test_list_pages_and_count(client: RetrievalClient) -> None:
     assert only_turns.count == 1 and dict(only_turns.by_kind) == {"turn": 1}
 
 
+async def test_list_within_created_bounds(client: RetrievalClient) -> None:
+    ids = await store_facts(client)  # FACTS[i] is i+1 days old
+    window = pb.MemoryFilter(
+        created_after=to_timestamp(FIXED_NOW - timedelta(days=4)),
+        created_before=to_timestamp(FIXED_NOW - timedelta(days=1)),
+    )
+    listed = await client.list(pb.ListRequest(tenant="acme", filter=window, page_size=50))
+    assert [m.id for m in listed.memories] == ids[1:4]
+    counted = await client.count(pb.CountRequest(tenant="acme", filter=window))
+    assert counted.count == 3
+    other = await client.list(pb.ListRequest(tenant="other", filter=window, page_size=50))
+    assert list(other.memories) == []
+
+
+async def test_list_scopes_users_then_conversations(client: RetrievalClient) -> None:
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                fact("Alice likes tea.", user="alice", conversation="home"),
+                fact("Alice likes jazz.", user="alice", conversation="home"),
+                fact("Alice works at a bakery.", user="alice", conversation="work"),
+                fact("Bob plays chess.", user="bob", conversation="home"),
+                fact("The office closes at six.", user="", conversation="global"),
+            ],
+        )
+    )
+    await client.upsert(pb.UpsertRequest(tenant="other", memories=[fact("Eve sails.", user="eve")]))
+    users = await client.list_scopes(pb.ListScopesRequest(tenant="acme"))
+    # most memories first; "" holds the tenant-wide ones
+    assert sorted((s.user_id, s.conversation_id, s.memories) for s in users.scopes) == [
+        ("", "", 1),
+        ("alice", "", 3),
+        ("bob", "", 1),
+    ]
+    assert users.scopes[0].user_id == "alice" and not users.truncated
+    alice = await client.list_scopes(pb.ListScopesRequest(tenant="acme", user_id="alice"))
+    assert [(s.user_id, s.conversation_id, s.memories) for s in alice.scopes] == [
+        ("alice", "home", 2),
+        ("alice", "work", 1),
+    ]
+    nobody = await client.list_scopes(pb.ListScopesRequest(tenant="acme", user_id=""))
+    assert [(s.conversation_id, s.memories) for s in nobody.scopes] == [("global", 1)]
+    first = await client.list_scopes(pb.ListScopesRequest(tenant="acme", limit=1))
+    assert [s.user_id for s in first.scopes] == ["alice"] and first.truncated
+    await expect_invalid(client.list_scopes(pb.ListScopesRequest()), "tenant")
+    await expect_invalid(
+        client.list_scopes(pb.ListScopesRequest(tenant="acme", limit=1001)), "limit"
+    )
+
+
 async def test_invalid_requests(client: RetrievalClient) -> None:
     await expect_invalid(client.search(pb.SearchRequest(query="x")), "tenant is required")
     await expect_invalid(

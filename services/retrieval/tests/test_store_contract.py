@@ -234,6 +234,51 @@ async def test_list_excludes_superseded_unless_asked(store: MemoryStore) -> None
     assert {p.id for p in everything.points} == {pid(1), pid(2)}
 
 
+async def test_created_bounds_include_after_exclude_before(store: MemoryStore) -> None:
+    days = {1: "2025-01-01", 2: "2025-01-02", 3: "2025-01-03", 4: "2025-01-04"}
+    await store.upsert("a", [point(n, created=f"{d}T00:00:00.000000Z") for n, d in days.items()])
+    await store.upsert("b", [point(5, tenant="b", created="2025-01-02T00:00:00.000000Z")])
+    window = PointFilter(
+        tenant="a",
+        created_after="2025-01-02T00:00:00.000000Z",
+        created_before="2025-01-04T00:00:00.000000Z",
+    )
+    page = await store.list_page(window, 10)
+    assert [p.id for p in page.points] == [pid(3), pid(2)]
+    assert await store.count(window) == 2
+    since = PointFilter(tenant="a", created_after="2025-01-03T00:00:00.000000Z")
+    assert await store.count(since) == 2
+    until = PointFilter(tenant="a", created_before="2025-01-02T00:00:00.000000Z")
+    assert [p.id for p in (await store.list_page(until, 10)).points] == [pid(1)]
+    # paging through a window keeps to it
+    first = await store.list_page(window, 1)
+    assert first.next is not None
+    rest = await store.list_page(window, 10, first.next)
+    assert [p.id for p in rest.points] == [pid(2)] and rest.next is None
+
+
+async def test_facet_counts_distinct_values_of_the_tenant(store: MemoryStore) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, user_id="alice", conversation_id="home"),
+            point(2, user_id="alice", conversation_id="home"),
+            point(3, user_id="alice", conversation_id="work"),
+            point(4, user_id="", conversation_id="global"),
+            point(5, user_id="bob", conversation_id="home", superseded_by=pid(9)),
+        ],
+    )
+    await store.upsert("b", [point(6, tenant="b", user_id="eve")])
+    users = await store.facet(PointFilter(tenant="a"), "user_id", 10)
+    assert users == [("alice", 3), ("", 1)]  # bob's only memory is superseded
+    everyone = await store.facet(PointFilter(tenant="a", include_superseded=True), "user_id", 10)
+    assert sorted(everyone) == [("", 1), ("alice", 3), ("bob", 1)]
+    alices = await store.facet(PointFilter(tenant="a", user_id="alice"), "conversation_id", 10)
+    assert alices == [("home", 2), ("work", 1)]
+    assert await store.facet(PointFilter(tenant="a"), "user_id", 1) == [("alice", 3)]
+    assert await store.facet(PointFilter(tenant="c"), "user_id", 10) == []
+
+
 async def test_edge_store_persists_across_reopen(tmp_path: Path) -> None:
     first = await EdgeStore.open(tmp_path / "shard", DIM)
     await first.upsert("a", [point(1)])

@@ -111,6 +111,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return status_command(args)
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    from engram_cli.mcp_cmd import mcp_command
+
+    return mcp_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="engram", description="Engram: persistent memory for OpenAI-compatible LLMs."
@@ -155,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engram_cli.dlq import add_dlq_parser
     from engram_cli.exporter import add_export_parser
     from engram_cli.importer import add_import_parser
+    from engram_cli.mcp_cmd import add_mcp_parser
     from engram_cli.migrate import add_migrate_parser
     from engram_cli.reembed import add_reembed_parser
     from engram_cli.reextract import add_reextract_parser
@@ -168,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reextract_parser(commands, _cmd_reextract)
     add_migrate_parser(commands, _cmd_migrate)
     add_status_parser(commands, _cmd_status)
+    add_mcp_parser(commands, _cmd_mcp)
     add_dlq_parser(commands, _cmd_dlq)
     return parser
 

@@ -107,6 +107,9 @@ class MemoryFilter:
     source_ids: tuple[str, ...] = ()  # any of
     role: str | None = None
     include_superseded: bool = False
+    # created_at window (browsing by date): created_after <= created_at < created_before.
+    created_after: datetime | None = None
+    created_before: datetime | None = None
 
 
 @dataclass
@@ -183,3 +186,19 @@ class SearchResult:
     summary: MemoryRecord | None = None  # the conversation's rolling summary
     profile: list[MemoryRecord] = field(default_factory=list)  # the user's active entries
     candidates_considered: int = 0
+
+
+@dataclass(frozen=True)
+class ScopeCount:
+    """A user (``conversation_id`` empty) or one of a user's conversations, with how
+    many memories it holds."""
+
+    user_id: str
+    conversation_id: str
+    memories: int
+
+
+@dataclass(frozen=True)
+class ScopeList:
+    scopes: list[ScopeCount]
+    truncated: bool  # more scopes exist than were asked for (the largest come first)

@@ -20,6 +20,8 @@ from engram_core.memory import (
     MemoryFilter,
     MemoryRecord,
     Page,
+    ScopeCount,
+    ScopeList,
     ScopeName,
     Scores,
     SearchHit,
@@ -121,6 +123,10 @@ def filter_to_pb(flt: MemoryFilter) -> pb.MemoryFilter:
     )
     if flt.user_id is not None:
         message.user_id = flt.user_id  # set, even to "": exactly this user
+    if flt.created_after is not None:
+        message.created_after.CopyFrom(to_timestamp(flt.created_after))
+    if flt.created_before is not None:
+        message.created_before.CopyFrom(to_timestamp(flt.created_before))
     return message
 
 
@@ -272,6 +278,27 @@ class MemoryPort:
             "Count", self.client.count(pb.CountRequest(tenant=tenant, filter=filter_to_pb(flt)))
         )
         return KindCounts(total=int(reply.count), by_kind=dict(reply.by_kind))
+
+    async def list_scopes(
+        self,
+        tenant: str,
+        *,
+        user_id: str | None = None,
+        limit: int = 100,
+        include_superseded: bool = False,
+    ) -> ScopeList:
+        """The tenant's users (``user_id`` None) or that user's conversations, with their
+        memory counts, most first."""
+        request = pb.ListScopesRequest(
+            tenant=tenant, limit=limit, include_superseded=include_superseded
+        )
+        if user_id is not None:
+            request.user_id = user_id
+        reply = await _call("ListScopes", self.client.list_scopes(request))
+        return ScopeList(
+            [ScopeCount(s.user_id, s.conversation_id, int(s.memories)) for s in reply.scopes],
+            reply.truncated,
+        )
 
     async def is_serving(self, timeout_s: float = 2.0) -> bool:
         return await self.client.is_serving(timeout_s=timeout_s)

@@ -81,6 +81,9 @@ class RetrievalClient:
     async def count(self, request: pb.CountRequest) -> pb.CountResponse:
         return await self.stub.Count(request, timeout=self.timeout_s)
 
+    async def list_scopes(self, request: pb.ListScopesRequest) -> pb.ListScopesResponse:
+        return await self.stub.ListScopes(request, timeout=self.timeout_s)
+
     async def is_serving(self, timeout_s: float = 2.0) -> bool:
         """Standard gRPC health check of the MemoryService."""
         try:

@@ -22,11 +22,12 @@ from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
-from engram_gateway import admin, chat, health, memory_api, passthrough
+from engram_gateway import admin, browse_api, chat, health, memory_api, passthrough, ui
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.bus_link import BusLink
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.guard import RequestGuardMiddleware
+from engram_gateway.mcp_http import mount_mcp
 from engram_gateway.request_ids import RequestIdMiddleware
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState
@@ -95,6 +96,8 @@ def create_app(
                 bus=bus,
                 tracer=get_tracer("engram.gateway", tracer_provider=tracer_provider),
             )
+            if mcp is not None:
+                await stack.enter_async_context(mcp)
             if keys is None:
                 log.warning(
                     "no API keys configured: single tenant, no authentication (local use only)",
@@ -107,6 +110,8 @@ def create_app(
                 upstream=settings.llm_base_url,
                 retrieval=settings.retrieval_address,
                 nats=settings.nats_url,
+                mcp=settings.gateway_mcp,
+                ui=settings.gateway_ui,
             )
             yield
             log.info("gateway stopping")
@@ -131,12 +136,16 @@ def create_app(
     app.include_router(health.router)
     app.include_router(chat.router)
     app.include_router(memory_api.router)
+    app.include_router(browse_api.router)
     app.include_router(admin.router)
+    if settings.gateway_ui:
+        app.include_router(ui.router)
     app.include_router(passthrough.router)  # last: it catches every other /v1 path
+    mcp = mount_mcp(app, settings.gateway_host, tracer_provider) if settings.gateway_mcp else None
     FastAPIInstrumentor.instrument_app(
         app,
         tracer_provider=tracer_provider,
-        excluded_urls="/healthz,/readyz,/metrics",
+        excluded_urls="/healthz,/readyz,/metrics,/ui/",
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )

@@ -198,11 +198,19 @@ async def _history(state: GatewayState, tenant: str, memory: MemoryRecord) -> li
 
 # --- list cursors: the filters travel with the position --------------------------------
 
-_FILTER_FIELDS = ("conversation", "user", "kind", "tag", "include_superseded")
+_FILTER_FIELDS = (
+    "conversation",
+    "user",
+    "kind",
+    "tag",
+    "include_superseded",
+    "created_after",
+    "created_before",
+)
 
 
 def _filters_of(query: ListQuery) -> dict[str, Any]:
-    return {name: getattr(query, name) for name in _FILTER_FIELDS}
+    return query.model_dump(mode="json", include=set(_FILTER_FIELDS))
 
 
 def encode_cursor(token: str, filters: dict[str, Any]) -> str:
@@ -244,7 +252,7 @@ def resolve_list_query(query: ListQuery) -> tuple[ListQuery, str]:
             param="cursor",
             code="cursor_filters_mismatch",
         )
-    return query.model_copy(update=filters), token
+    return ListQuery.model_validate({**query.model_dump(), **filters}), token
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -260,12 +268,23 @@ async def list_memories(request: Request, query: Annotated[ListQuery, Query()]) 
         kinds=tuple(query.kind),
         tags=tuple(query.tag),
         include_superseded=query.include_superseded,
+        **_created_window(query),
     )
     page = await state.memories.list_page(tenant, flt, page_size=query.limit, page_token=token)
     cursor = encode_cursor(page.next_token, _filters_of(query)) if page.next_token else None
     return _json(
         MemoryList(data=[_out(m) for m in page.records], has_more=bool(cursor), next_cursor=cursor)
     )
+
+
+def _created_window(query: ListQuery) -> dict[str, Any]:
+    """The list's created_at window (``created_after`` inclusive, ``created_before`` not)."""
+    after, before = query.created_after, query.created_before
+    if after is not None and before is not None and after >= before:
+        raise bad_request(
+            "created_after must be earlier than created_before", param="created_after"
+        )
+    return {"created_after": after, "created_before": before}
 
 
 @router.get("/memories/{memory_id}", response_model=MemoryOut, summary="Get one memory")

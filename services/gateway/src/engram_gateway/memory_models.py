@@ -103,6 +103,12 @@ class ListQuery(_Request):
         max_length=4000,
         description="next_cursor of the previous page; it carries that page's filters.",
     )
+    created_after: StorableDatetime | None = Field(
+        default=None, description="Only memories created at or after this instant."
+    )
+    created_before: StorableDatetime | None = Field(
+        default=None, description="Only memories created before this instant."
+    )
 
 
 # --- responses -------------------------------------------------------------------------

@@ -69,6 +69,12 @@ class GatewaySettings(EngramSettings):
         "(Open WebUI forwards its user id in this one with ENABLE_FORWARD_USER_INFO_HEADERS); "
         "empty: only the body's `user`.",
     )
+    gateway_ui: bool = Field(
+        default=True, description="Serve the memory browser at /ui (GET / redirects there)."
+    )
+    gateway_mcp: bool = Field(
+        default=True, description="Serve the MCP server (streamable HTTP) at /mcp."
+    )
 
     # API keys → tenants (see engram_gateway.keys for the format). Neither set: one
     # tenant, "default", and no authentication (local use).

@@ -19,8 +19,11 @@ from engram_gateway.keys import KeyTable
 
 DEFAULT_TENANT = "default"
 #: Probes and the Prometheus scrape answer without a key: the kubelet and Prometheus have
-#: none (metrics carry no memory content; keep /metrics off the public ingress).
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: none (metrics carry no memory content; keep /metrics off the public ingress). So do the
+#: memory browser's static page and assets (no memory data; the page's API calls carry
+#: the key the user signs in with).
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/", "/ui"})
+OPEN_PREFIXES = ("/ui/",)
 _TENANT = "tenant"
 
 
@@ -30,6 +33,11 @@ def resolve_tenant(request: Request) -> str:
         # Only the probes skip the middleware, and they never ask.
         raise RuntimeError("no tenant resolved for this request")
     return tenant
+
+
+def is_open(path: str) -> bool:
+    """Paths answered without an API key."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def bearer_token(authorization: str) -> str | None:
@@ -52,7 +60,7 @@ class ApiKeyMiddleware:
         state = scope.setdefault("state", {})
         if self.keys is None:
             state[_TENANT] = DEFAULT_TENANT
-        elif scope["path"] not in OPEN_PATHS:
+        elif not is_open(scope["path"]):
             raw = next((v for k, v in scope["headers"] if k == b"authorization"), None)
             token = bearer_token(raw.decode("latin-1")) if raw is not None else None
             tenant = self.keys.tenant_for(token) if token else None

@@ -14,6 +14,7 @@ import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from datetime import UTC
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +27,7 @@ from engram_retrieval.embedder import Embedder
 from engram_retrieval.payload import (
     build_payload,
     derive_id,
+    format_ts,
     identity_text,
     index_key,
     normalize_id,
@@ -56,6 +58,8 @@ DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 MAX_UPSERT_BATCH = 2048
 MAX_IDS = 1000
+DEFAULT_SCOPES_LIMIT = 100
+MAX_SCOPES_LIMIT = 1000
 
 _OUTCOMES: dict[OutcomeName, int] = {
     "ranked": pb.SEARCH_OUTCOME_RANKED,
@@ -194,7 +198,17 @@ def _filter_from(
         source_ids=tuple(flt.source_ids),
         role=flt.role or None,
         include_superseded=flt.include_superseded,
+        **_created_bounds(flt),
     )
+
+
+def _created_bounds(flt: pb.MemoryFilter) -> dict[str, str]:
+    """``created_after``/``created_before`` as the payload's timestamps (only those set)."""
+    bounds = {}
+    for name in ("created_after", "created_before"):
+        if flt.HasField(name):
+            bounds[name] = format_ts(getattr(flt, name).ToDatetime(tzinfo=UTC))
+    return bounds
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
@@ -402,6 +416,35 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         )
         by_kind = dict(zip(flt.kinds, counts, strict=True))
         return pb.CountResponse(count=sum(by_kind.values()), by_kind=by_kind)
+
+    @_rpc
+    async def ListScopes(
+        self, request: pb.ListScopesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListScopesResponse:
+        """The tenant's users (``user_id`` unset) or one user's conversations, from the
+        store's facet counts of the keyword index: most memories first."""
+        tenant = _require_tenant(request.tenant)
+        if not 0 <= request.limit <= MAX_SCOPES_LIMIT:
+            raise RequestError(f"limit must be within [0, {MAX_SCOPES_LIMIT}]")
+        limit = request.limit or DEFAULT_SCOPES_LIMIT
+        by_user = request.HasField("user_id")
+        flt = PointFilter(
+            tenant=tenant,
+            user_id=request.user_id if by_user else None,
+            include_superseded=request.include_superseded,
+        )
+        key = "conversation_id" if by_user else "user_id"
+        found = await self.store.facet(flt, key, limit + 1)
+        response = pb.ListScopesResponse(truncated=len(found) > limit)
+        for value, count in found[:limit]:
+            response.scopes.append(
+                pb.ScopeEntry(
+                    user_id=request.user_id if by_user else value,
+                    conversation_id=value if by_user else "",
+                    memories=count,
+                )
+            )
+        return response
 
 
 def _with_kinds(flt: PointFilter, kinds: tuple[str, ...]) -> PointFilter:

@@ -58,6 +58,9 @@ class PointFilter:
     source_ids: tuple[str, ...] = ()  # any of
     role: str | None = None
     include_superseded: bool = False
+    # created_at bounds, in the payload's timestamp format: after <= created_at < before.
+    created_after: str | None = None
+    created_before: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tenant:
@@ -181,6 +184,11 @@ class MemoryStore(Protocol):
         ...
 
     async def count(self, flt: PointFilter) -> int: ...
+
+    async def facet(self, flt: PointFilter, key: str, limit: int) -> list[tuple[str, int]]:
+        """The distinct values of the keyword field ``key`` among the points ``flt``
+        matches, with how many points hold each: most first, at most ``limit``."""
+        ...
 
     async def close(self) -> None: ...
 

@@ -26,6 +26,7 @@ from qdrant_edge import (
     CountRequest,
     Direction,
     EdgeShard,
+    FacetRequest,
     FieldCondition,
     Filter,
     HasIdCondition,
@@ -93,6 +94,9 @@ def to_edge_filter(flt: PointFilter, *, before: str | None = None, at: str | Non
         must.append(FieldCondition("role", match=MatchValue(flt.role)))
     if not flt.include_superseded:
         must.append(IsEmptyCondition("superseded_by"))
+    if flt.created_after is not None or flt.created_before is not None:
+        bounds = RangeDateTime(gte=flt.created_after, lt=flt.created_before)
+        must.append(FieldCondition("created_at", range=bounds))
     if before is not None:
         must.append(FieldCondition("created_at", range=RangeDateTime(lt=before)))
     if at is not None:
@@ -322,6 +326,11 @@ class EdgeStore:
     async def count(self, flt: PointFilter) -> int:
         request = CountRequest(exact=True, filter=to_edge_filter(flt))
         return int(await self._shard_call("count", request))
+
+    async def facet(self, flt: PointFilter, key: str, limit: int) -> list[tuple[str, int]]:
+        request = FacetRequest(key, limit=limit, exact=True, filter=to_edge_filter(flt))
+        found = await self._shard_call("facet", request)
+        return [(str(hit.value), int(hit.count)) for hit in found.hits]
 
     async def close(self) -> None:
         if self._closed:

@@ -62,6 +62,9 @@ def to_qdrant_filter(
         must.append(m.FieldCondition(key="role", match=m.MatchValue(value=flt.role)))
     if not flt.include_superseded:
         must.append(m.IsEmptyCondition(is_empty=m.PayloadField(key="superseded_by")))
+    if flt.created_after is not None or flt.created_before is not None:
+        bounds = m.DatetimeRange(gte=flt.created_after, lt=flt.created_before)
+        must.append(m.FieldCondition(key="created_at", range=bounds))
     if before is not None:
         must.append(m.FieldCondition(key="created_at", range=m.DatetimeRange(lt=before)))
     if at is not None:
@@ -242,6 +245,12 @@ class QdrantStore:
             self.collection, count_filter=to_qdrant_filter(flt), exact=True
         )
         return int(result.count)
+
+    async def facet(self, flt: PointFilter, key: str, limit: int) -> list[tuple[str, int]]:
+        found = await self._client.facet(
+            self.collection, key, facet_filter=to_qdrant_filter(flt), limit=limit, exact=True
+        )
+        return [(str(hit.value), int(hit.count)) for hit in found.hits]
 
     async def close(self) -> None:
         await self._client.close()

@@ -278,7 +278,7 @@ class GetResponse(_message.Message):
     def __init__(self, memories: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., missing_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MemoryFilter(_message.Message):
-    __slots__ = ("user_id", "conversation_id", "kinds", "tags", "include_superseded", "source_ids", "role")
+    __slots__ = ("user_id", "conversation_id", "kinds", "tags", "include_superseded", "source_ids", "role", "created_after", "created_before")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,8 @@ class MemoryFilter(_message.Message):
     INCLUDE_SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     SOURCE_IDS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     conversation_id: str
     kinds: _containers.RepeatedScalarFieldContainer[MemoryKind]
@@ -293,7 +295,9 @@ class MemoryFilter(_message.Message):
     include_superseded: bool
     source_ids: _containers.RepeatedScalarFieldContainer[str]
     role: str
-    def __init__(self, user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[MemoryKind, str]]] = ..., tags: _Optional[_Iterable[str]] = ..., include_superseded: _Optional[bool] = ..., source_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ...) -> None: ...
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    def __init__(self, user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[MemoryKind, str]]] = ..., tags: _Optional[_Iterable[str]] = ..., include_superseded: _Optional[bool] = ..., source_ids: _Optional[_Iterable[str]] = ..., role: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("tenant", "filter", "page_size", "page_token")
@@ -337,3 +341,33 @@ class CountResponse(_message.Message):
     count: int
     by_kind: _containers.ScalarMap[str, int]
     def __init__(self, count: _Optional[int] = ..., by_kind: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ListScopesRequest(_message.Message):
+    __slots__ = ("tenant", "user_id", "limit", "include_superseded")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    user_id: str
+    limit: int
+    include_superseded: bool
+    def __init__(self, tenant: _Optional[str] = ..., user_id: _Optional[str] = ..., limit: _Optional[int] = ..., include_superseded: _Optional[bool] = ...) -> None: ...
+
+class ScopeEntry(_message.Message):
+    __slots__ = ("user_id", "conversation_id", "memories")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORIES_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    conversation_id: str
+    memories: int
+    def __init__(self, user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., memories: _Optional[int] = ...) -> None: ...
+
+class ListScopesResponse(_message.Message):
+    __slots__ = ("scopes", "truncated")
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    scopes: _containers.RepeatedCompositeFieldContainer[ScopeEntry]
+    truncated: bool
+    def __init__(self, scopes: _Optional[_Iterable[_Union[ScopeEntry, _Mapping]]] = ..., truncated: _Optional[bool] = ...) -> None: ...

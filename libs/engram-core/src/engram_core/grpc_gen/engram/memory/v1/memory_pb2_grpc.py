@@ -64,6 +64,11 @@ class MemoryServiceStub:
                 request_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.CountRequest.SerializeToString,
                 response_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.CountResponse.FromString,
                 _registered_method=True)
+        self.ListScopes = channel.unary_unary(
+                '/engram.memory.v1.MemoryService/ListScopes',
+                request_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.ListScopesRequest.SerializeToString,
+                response_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.ListScopesResponse.FromString,
+                _registered_method=True)
 
 
 class MemoryServiceServicer:
@@ -105,6 +110,12 @@ class MemoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListScopes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MemoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -137,6 +148,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.Count,
                     request_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.CountRequest.FromString,
                     response_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.CountResponse.SerializeToString,
+            ),
+            'ListScopes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListScopes,
+                    request_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.ListScopesRequest.FromString,
+                    response_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.ListScopesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -301,6 +317,33 @@ class MemoryService:
             '/engram.memory.v1.MemoryService/Count',
             engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.CountRequest.SerializeToString,
             engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.CountResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListScopes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.memory.v1.MemoryService/ListScopes',
+            engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.ListScopesRequest.SerializeToString,
+            engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.ListScopesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,105 @@
+"""Who and what a tenant's memory is about: ``GET /v1/users`` (the tenant's users) and
+``GET /v1/conversations?user=`` (one user's conversations), each with how many
+memories it holds, most first. From retrieval's ``ListScopes`` (through the memory
+port), so tenant-scoped like every call; for browsing (the memory browser, agents), not
+for exact accounting.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from engram_core.memory import ScopeList
+from engram_gateway.memory_models import ErrorResponse, UserId
+from engram_gateway.state import gateway_state
+from engram_gateway.tenancy import resolve_tenant
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["memories"],
+    responses={
+        400: {"model": ErrorResponse, "description": "Unknown or invalid query parameter"},
+        401: {"model": ErrorResponse, "description": "Missing or invalid API key"},
+        503: {"model": ErrorResponse, "description": "Retrieval is unavailable"},
+    },
+)
+
+
+class _ScopeQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(default=100, ge=1, le=1000)
+    include_superseded: bool = Field(
+        default=False, description="Count superseded versions too (and scopes holding only those)."
+    )
+
+
+class ConversationsQuery(_ScopeQuery):
+    user: UserId = Field(
+        default="", description="Whose conversations; empty: the memories without a user."
+    )
+
+
+class UserOut(BaseModel):
+    object: Literal["user"] = "user"
+    id: str = Field(description="The user id; empty for memories that have no user.")
+    memories: int
+
+
+class ConversationOut(BaseModel):
+    object: Literal["conversation"] = "conversation"
+    id: str
+    user_id: str
+    memories: int
+
+
+class UserList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[UserOut]
+    has_more: bool = Field(description="More exist than limit (the ones with most memories shown).")
+
+
+class ConversationList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ConversationOut]
+    has_more: bool
+
+
+async def _scopes(request: Request, query: _ScopeQuery, user: str | None) -> ScopeList:
+    state, tenant = gateway_state(request), resolve_tenant(request)
+    return await state.memories.list_scopes(
+        tenant, user_id=user, limit=query.limit, include_superseded=query.include_superseded
+    )
+
+
+@router.get("/users", response_model=UserList, summary="The tenant's users, most memories first")
+async def list_users(request: Request, query: Annotated[_ScopeQuery, Query()]) -> JSONResponse:
+    reply = await _scopes(request, query, None)
+    users = UserList(
+        data=[UserOut(id=s.user_id, memories=s.memories) for s in reply.scopes],
+        has_more=reply.truncated,
+    )
+    return JSONResponse(users.model_dump(mode="json"))
+
+
+@router.get(
+    "/conversations",
+    response_model=ConversationList,
+    summary="One user's conversations, most memories first",
+)
+async def list_conversations(
+    request: Request, query: Annotated[ConversationsQuery, Query()]
+) -> JSONResponse:
+    reply = await _scopes(request, query, query.user)
+    conversations = ConversationList(
+        data=[
+            ConversationOut(id=s.conversation_id, user_id=s.user_id, memories=s.memories)
+            for s in reply.scopes
+        ],
+        has_more=reply.truncated,
+    )
+    return JSONResponse(conversations.model_dump(mode="json"))

@@ -1,0 +1,458 @@
+"""The Engram MCP server: memory tools and resources for agents, as a thin adapter over
+the gateway's public HTTP memory API (docs/api.md) and nothing else.
+
+One implementation, two transports. The gateway serves it at ``/mcp`` (streamable
+HTTP; :mod:`engram_gateway.mcp_http`), where each tool calls the gateway's own API
+in-process with the caller's ``Authorization``; ``engram mcp`` serves it on stdio and
+calls a running gateway over the network with the configured key. Either way the API
+key decides the tenant, exactly as for any HTTP caller, and an API error reaches the
+agent as a tool error carrying the API's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import version
+from typing import Annotated, Any, Literal
+
+import httpx2
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp_types import ToolAnnotations
+from pydantic import Field
+
+SERVER_NAME = "engram"
+INSTRUCTIONS = (
+    "Engram is the user's long-term memory. Call search_memory before answering anything "
+    "that may depend on what the user said before (preferences, people, plans, facts); "
+    "call add_memory with what the user tells you that is worth remembering (Engram "
+    "extracts and reconciles the facts itself), or remember_fact to store one exact "
+    "statement. Scope every call with the same `user` (and `conversation`) the chat uses. "
+    "Memory ids are UUIDs returned by search_memory and list_memories."
+)
+#: Longest an add_memory call may wait for its facts to be applied.
+MAX_WAIT_S = 60.0
+POLL_INTERVAL_S = 0.5
+PROFILE_PAGE = 500
+
+Kind = Literal["turn", "fact", "profile", "summary", "episode"]
+UserArg = Annotated[
+    str,
+    Field(
+        max_length=256,
+        description="The user the memory belongs to (the chat's `user` field). Empty: "
+        "memories that belong to no user (tenant-wide).",
+    ),
+]
+ConversationArg = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        description="The conversation scope (the chat's `memory_id`); 'default' if the chat "
+        "sets none.",
+    ),
+]
+NewConversationArg = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=200,
+        description="The conversation it belongs to (the chat's `memory_id`). Unset: "
+        "'default' for a user; without a user, 'global', the tenant-wide memory every "
+        "user's chats recall.",
+    ),
+]
+MemoryIdArg = Annotated[
+    str, Field(min_length=1, max_length=64, description="The memory's id (a UUID).")
+]
+TagsArg = Annotated[
+    list[str] | None,
+    Field(max_length=32, description="Labels to file the memory under (1-64 characters each)."),
+]
+
+
+class GatewayCallError(Exception):
+    """The gateway answered with an error (or could not be reached)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{message} ({status} {code})")
+        self.status = status
+        self.code = code
+
+
+@dataclass
+class GatewayApi:
+    """Calls the gateway's HTTP API through ``client`` (based at the gateway's root).
+
+    ``forward_authorization``: send the MCP request's own ``Authorization`` with each
+    call (the gateway's ``/mcp``, where the client is in-process); otherwise the
+    client's default headers carry the key (``engram mcp``).
+    """
+
+    client: httpx2.AsyncClient
+    forward_authorization: bool = False
+
+    async def call(
+        self,
+        ctx: Context | None,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any:
+        headers = self._headers(ctx)
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = await self.client.request(
+                method, path, params=query, json=body, headers=headers
+            )
+        except httpx2.HTTPError as exc:
+            raise GatewayCallError(
+                503,
+                "gateway_unreachable",
+                f"cannot reach the Engram gateway at {self.client.base_url}: {type(exc).__name__}",
+            ) from None
+        if response.is_success:
+            return response.json()
+        raise _api_error(response)
+
+    def _headers(self, ctx: Context | None) -> dict[str, str]:
+        if not self.forward_authorization or ctx is None:
+            return {}
+        incoming = _request_headers(ctx)
+        authorization = incoming.get("authorization") if incoming else None
+        return {"Authorization": authorization} if authorization else {}
+
+
+def _request_headers(ctx: Context) -> Mapping[str, str] | None:
+    try:
+        return ctx.headers
+    except ValueError:  # outside a request
+        return None
+
+
+def _api_error(response: httpx2.Response) -> GatewayCallError:
+    try:
+        error = response.json()["error"]
+        return GatewayCallError(response.status_code, error.get("code") or "", error["message"])
+    except (ValueError, KeyError, TypeError):
+        return GatewayCallError(response.status_code, "http_error", response.text[:200])
+
+
+def _tool_error(exc: GatewayCallError) -> ToolError:
+    return ToolError(str(exc))
+
+
+def build_mcp_server(api: GatewayApi) -> MCPServer:
+    """The MCP server: eight memory tools and the profile/summary resources."""
+    server: MCPServer = MCPServer(
+        SERVER_NAME,
+        title="Engram memory",
+        instructions=INSTRUCTIONS,
+        version=version("engram-gateway"),
+    )
+    _add_reading_tools(server, api)
+    _add_writing_tools(server, api)
+    _add_resources(server, api)
+    return server
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
+    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+    @server.tool(annotations=read_only)
+    async def search_memory(
+        query: Annotated[
+            str,
+            Field(
+                min_length=1,
+                description="What to recall, as a question or topic "
+                "(e.g. 'what is the user allergic to?').",
+            ),
+        ],
+        ctx: Context,
+        user: UserArg = "",
+        conversation: ConversationArg = "default",
+        top_k: Annotated[
+            int | None,
+            Field(ge=1, le=100, description="How many memories to return (default 5)."),
+        ] = None,
+    ) -> dict[str, Any]:
+        """Recall what Engram remembers that is relevant to `query`, exactly as a chat
+        would: the conversation's memories, the user's other conversations and the
+        tenant-wide ones. Returns `hits` (each a memory with its `id`, `text`, `kind`,
+        `score`, `scope` and the score breakdown `scores`: dense, sparse, relevance,
+        recency, total, mmr), the conversation's rolling `summary` and the user's
+        `profile`. `outcome` says why there are few or no hits (`nothing_relevant`,
+        `empty`)."""
+        body: dict[str, Any] = {"query": query, "user": user, "conversation": conversation}
+        if top_k is not None:
+            body["memory_top_k"] = top_k
+        return await _call(api, ctx, "POST", "/v1/memories/search", body=body)
+
+    @server.tool(annotations=read_only)
+    async def list_memories(
+        ctx: Context,
+        user: Annotated[
+            str | None,
+            Field(
+                max_length=256,
+                description="Only this user's memories ('' for those without a user); "
+                "unset: any user.",
+            ),
+        ] = None,
+        conversation: Annotated[
+            str | None, Field(max_length=200, description="Only this conversation's memories.")
+        ] = None,
+        kinds: Annotated[
+            list[Kind] | None, Field(description="Only these kinds (any of); unset: every kind.")
+        ] = None,
+        tags: Annotated[
+            list[str] | None, Field(description="Only memories with any of these tags.")
+        ] = None,
+        created_after: Annotated[
+            str | None,
+            Field(
+                description="Only memories created at or after this ISO 8601 instant "
+                "(with a time zone, e.g. 2025-05-01T00:00:00Z)."
+            ),
+        ] = None,
+        created_before: Annotated[
+            str | None, Field(description="Only memories created before this ISO 8601 instant.")
+        ] = None,
+        include_superseded: Annotated[
+            bool, Field(description="Also list versions that newer memories replaced.")
+        ] = False,
+        limit: Annotated[int, Field(ge=1, le=500, description="Page size.")] = 20,
+        cursor: Annotated[
+            str | None, Field(description="`next_cursor` of the previous page, for the next one.")
+        ] = None,
+    ) -> dict[str, Any]:
+        """List stored memories, newest first, with filters. Kinds: `turn` (a chat
+        message), `fact` (an atomic statement learned from the user), `profile` (a
+        structured entry about the user), `summary` (a conversation's rolling summary),
+        `episode` (a summary of a stretch of turns). Returns `data` (memories),
+        `has_more` and `next_cursor`."""
+        params = {
+            "user": user,
+            "conversation": conversation,
+            "kind": kinds,
+            "tag": tags,
+            "created_after": created_after,
+            "created_before": created_before,
+            "include_superseded": "true" if include_superseded else None,
+            "limit": limit,
+            "cursor": cursor,
+        }
+        return await _call(api, ctx, "GET", "/v1/memories", params=params)
+
+    @server.tool(annotations=read_only)
+    async def get_memory(
+        memory_id: MemoryIdArg,
+        ctx: Context,
+        include_history: Annotated[
+            bool,
+            Field(
+                description="Also return `history`: the versions it replaced, oldest first, "
+                "each with `valid_from`/`valid_to` and who changed it (`metadata`)."
+            ),
+        ] = False,
+    ) -> dict[str, Any]:
+        """One memory by id: its text, kind, scope (`user_id`, `conversation_id`), tags,
+        timestamps, the turns it came from (`source_turn_ids`, which are memory ids too)
+        and `superseded_by` when a newer memory replaced it."""
+        memory: dict[str, Any] = await _call(api, ctx, "GET", f"/v1/memories/{memory_id}")
+        if include_history:
+            history = await _call(api, ctx, "GET", f"/v1/memories/{memory_id}/history")
+            memory["history"] = history["data"]
+        return memory
+
+    @server.tool(annotations=read_only)
+    async def get_profile(user: UserArg, ctx: Context) -> dict[str, Any]:
+        """What Engram knows about the user as structured profile entries (identity,
+        preference, constraint, instruction): `entries`, each with `category`, `key`,
+        `value`, `confidence` and `importance`, one active value per key."""
+        return await _profile(api, ctx, user)
+
+
+async def _profile(api: GatewayApi, ctx: Context | None, user: str) -> dict[str, Any]:
+    params = {"user": user, "kind": ["profile"], "limit": PROFILE_PAGE}
+    listed = await api.call(ctx, "GET", "/v1/memories", params=params)
+    entries = [
+        {"id": m["id"], **(m.get("profile") or {"value": m["text"]}), "updated_at": m["updated_at"]}
+        for m in listed["data"]
+    ]
+    return {"object": "profile", "user": user, "entries": entries}
+
+
+async def _call(api: GatewayApi, ctx: Context, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        return await api.call(ctx, method, path, **kwargs)
+    except GatewayCallError as exc:
+        raise _tool_error(exc) from None
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=False))
+    async def add_memory(
+        text: Annotated[
+            str | list[str],
+            Field(
+                description="What the user said that may be worth remembering: one message, "
+                "or several (each learned as one user message, in order)."
+            ),
+        ],
+        ctx: Context,
+        user: UserArg = "",
+        conversation: NewConversationArg = None,
+        wait_seconds: Annotated[
+            float,
+            Field(
+                ge=0,
+                le=MAX_WAIT_S,
+                description="Wait up to this long for the facts to be learned before "
+                "returning (0: return at once, the learning goes on).",
+            ),
+        ] = 0,
+    ) -> dict[str, Any]:
+        """Learn from text as Engram learns from a chat: the text is stored, facts are
+        extracted from it and reconciled with what is known (a correction replaces the
+        old fact, which is kept as history). Asynchronous: returns each event's `status`
+        (`pending`, then `applied` once the facts are searchable, or `skipped` with a
+        `reason` when nothing was learned) and the overall `status`."""
+        body = _without_none({"text": text, "user": user, "conversation": conversation})
+        accepted = await _call(api, ctx, "POST", "/v1/memories/add", body=body)
+        events = await _event_statuses(api, ctx, accepted["event_ids"], wait_seconds)
+        return {"status": _overall(events), "events": events}
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=False))
+    async def remember_fact(
+        text: Annotated[
+            str,
+            Field(
+                min_length=1,
+                description="The fact, worded as it should be recalled "
+                "(e.g. 'User is allergic to peanuts.').",
+            ),
+        ],
+        ctx: Context,
+        user: UserArg = "",
+        conversation: NewConversationArg = None,
+        tags: TagsArg = None,
+    ) -> dict[str, Any]:
+        """Store one fact verbatim (no extraction, no reconciliation): it is searchable
+        at once. Returns the new memory with its `id`."""
+        body = _without_none(
+            {"text": text, "user": user, "conversation": conversation, "tags": tags or []}
+        )
+        return await _call(api, ctx, "POST", "/v1/memories", body=body)
+
+    @server.tool(
+        annotations=ToolAnnotations(
+            read_only_hint=False, destructive_hint=False, idempotent_hint=True
+        )
+    )
+    async def update_memory(
+        memory_id: MemoryIdArg,
+        ctx: Context,
+        text: Annotated[str | None, Field(description="The new text (re-embedded).")] = None,
+        tags: Annotated[
+            list[str] | None, Field(max_length=32, description="The new tags (replace the old).")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Correct a memory's text and/or tags. The id keeps naming the current version;
+        the previous one is kept as history (see get_memory's include_history). Only the
+        current version of a memory can be edited."""
+        body = _without_none({"text": text, "tags": tags})
+        return await _call(api, ctx, "PATCH", f"/v1/memories/{memory_id}", body=body)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
+    async def delete_memory(memory_id: MemoryIdArg, ctx: Context) -> dict[str, Any]:
+        """Forget a memory for good, together with its history versions. Returns
+        `deleted_ids`."""
+        return await _call(api, ctx, "DELETE", f"/v1/memories/{memory_id}")
+
+
+def _without_none(body: dict[str, Any]) -> dict[str, Any]:
+    """Only what the agent set: the API applies its own defaults to the rest."""
+    return {k: v for k, v in body.items() if v is not None}
+
+
+async def _event_statuses(
+    api: GatewayApi, ctx: Context, event_ids: list[str], wait_s: float
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + wait_s
+    while True:
+        events = [await _call(api, ctx, "GET", f"/v1/events/{e}") for e in event_ids]
+        if _overall(events) != "pending" or time.monotonic() >= deadline:
+            return events
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def _overall(events: list[dict[str, Any]]) -> str:
+    """pending while any is; skipped when every one was; else applied."""
+    statuses = {e["status"] for e in events}
+    if "pending" in statuses:
+        return "pending"
+    return "skipped" if statuses == {"skipped"} else "applied"
+
+
+# --- resources -----------------------------------------------------------------------------
+
+
+def _add_resources(server: MCPServer, api: GatewayApi) -> None:
+    @server.resource(
+        "engram://users/{user}/profile",
+        name="profile",
+        title="A user's profile",
+        mime_type="application/json",
+    )
+    async def user_profile(user: str, ctx: Context) -> dict[str, Any]:
+        """The user's active profile entries (as get_profile returns them)."""
+        try:
+            return await _profile(api, ctx, user)
+        except GatewayCallError as exc:
+            raise ResourceError(str(exc)) from None
+
+    @server.resource(
+        "engram://users/{user}/conversations/{conversation}/summary",
+        name="conversation-summary",
+        title="A conversation's summary",
+        mime_type="text/markdown",
+    )
+    async def user_conversation_summary(user: str, conversation: str, ctx: Context) -> str:
+        """The rolling summary of one of the user's conversations."""
+        return await _summary(api, ctx, user, conversation)
+
+    @server.resource(
+        "engram://conversations/{conversation}/summary",
+        name="tenant-conversation-summary",
+        title="A conversation's summary (no user)",
+        mime_type="text/markdown",
+    )
+    async def conversation_summary(conversation: str, ctx: Context) -> str:
+        """The rolling summary of a conversation that belongs to no user."""
+        return await _summary(api, ctx, "", conversation)
+
+
+async def _summary(api: GatewayApi, ctx: Context, user: str, conversation: str) -> str:
+    params = {"conversation": conversation, "user": user, "kind": ["summary"], "limit": 1}
+    try:
+        listed = await api.call(ctx, "GET", "/v1/memories", params=params)
+    except GatewayCallError as exc:
+        raise ResourceError(str(exc)) from None
+    if listed["data"]:
+        return str(listed["data"][0]["text"])
+    owner = f"user {user!r}" if user else "no user"
+    raise ResourceError(f"No summary yet for conversation {conversation!r} of {owner}.")

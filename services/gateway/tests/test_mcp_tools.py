@@ -1,0 +1,78 @@
+"""The MCP tools' own behaviour, through the SDK client connected in-process: what an
+agent sees when the gateway cannot be reached or answers an error, and that every tool
+says what it does and what it needs. (Against the real stack: tests/e2e/test_mcp.py.)"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from engram_cli.nats_server import free_port
+from engram_gateway.mcp_tools import GatewayApi, build_mcp_server
+
+
+@asynccontextmanager
+async def unreachable() -> AsyncIterator[tuple[Client, str]]:
+    """The SDK client of a server whose gateway does not answer. Entered in the test
+    itself: the SDK's task groups must start and end in one task."""
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with (
+        httpx2.AsyncClient(base_url=url, timeout=5) as http,
+        Client(build_mcp_server(GatewayApi(http))) as client,
+    ):
+        yield client, url
+
+
+async def test_an_unreachable_gateway_is_a_tool_error_naming_it() -> None:
+    async with unreachable() as (client, url):
+        await _unreachable_is_named(client, url)
+
+
+async def _unreachable_is_named(client: Client, url: str) -> None:
+    result = await client.call_tool("search_memory", {"query": "anything"})
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert f"cannot reach the Engram gateway at {url}" in text
+    with pytest.raises(MCPError, match="cannot reach the Engram gateway"):
+        await client.read_resource("engram://users/alice/profile")
+
+
+async def test_arguments_are_checked_before_any_call() -> None:
+    async with unreachable() as (client, _):
+        await _checked_first(client)
+
+
+async def _checked_first(client: Client) -> None:
+    empty = await client.call_tool("search_memory", {"query": ""})
+    assert empty.is_error and "cannot reach" not in str(empty.content)
+    too_many = await client.call_tool("search_memory", {"query": "x", "top_k": 1000})
+    assert too_many.is_error and "cannot reach" not in str(too_many.content)
+    bad_kind = await client.call_tool("list_memories", {"kinds": ["opinion"]})
+    assert bad_kind.is_error and "cannot reach" not in str(bad_kind.content)
+
+
+async def test_every_tool_documents_itself() -> None:
+    async with unreachable() as (client, _):
+        await _documented(client)
+
+
+async def _documented(client: Client) -> None:
+    tools = (await client.list_tools()).tools
+    assert len(tools) == 8
+    for tool in tools:
+        assert tool.description and tool.annotations is not None, tool.name
+        for name, schema in tool.input_schema["properties"].items():
+            assert schema.get("description"), f"{tool.name}.{name} has no description"
+    read_only = {t.name for t in tools if t.annotations and t.annotations.read_only_hint}
+    assert read_only == {"search_memory", "list_memories", "get_memory", "get_profile"}
+    templates = (await client.list_resource_templates()).resource_templates
+    assert {t.uri_template for t in templates} == {
+        "engram://users/{user}/profile",
+        "engram://users/{user}/conversations/{conversation}/summary",
+        "engram://conversations/{conversation}/summary",
+    }

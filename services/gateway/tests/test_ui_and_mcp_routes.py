@@ -1,0 +1,90 @@
+"""How the gateway serves the memory browser and the MCP endpoint over HTTP: the page
+and its assets without a key and under a CSP that allows nothing from elsewhere, ``/``
+redirecting to it, and both switched off by their settings."""
+
+from __future__ import annotations
+
+import re
+from importlib.resources import files
+
+import pytest
+
+from engram_gateway.keys import entry_for
+from engram_gateway.ui import ASSETS, CONTENT_SECURITY_POLICY
+
+from .conftest import StartGateway
+
+KEYS = entry_for("ui-key", "acme")
+
+
+async def test_root_redirects_to_the_browser_served_without_a_key(
+    start_gateway: StartGateway,
+) -> None:
+    http = (await start_gateway(api_keys=KEYS)).client()
+    root = await http.get("/")
+    assert root.status_code == 307 and root.headers["location"] == "/ui/"
+    assert (await http.get("/ui")).headers["location"] == "/ui/"
+    page = await http.get("/ui/")
+    assert page.status_code == 200
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert page.headers["x-frame-options"] == "DENY"
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert '<script src="app.js" defer></script>' in page.text
+    for name, media_type in ASSETS.items():
+        asset = await http.get(f"/ui/{name}")
+        assert asset.status_code == 200, name
+        assert asset.headers["content-type"] == media_type
+        assert asset.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    for name in ("__init__.py", "static", "secrets.txt"):
+        missing = await http.get(f"/ui/{name}")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    # the API itself still needs the key
+    assert (await http.get("/v1/memories")).status_code == 401
+
+
+def test_the_page_loads_nothing_from_another_origin() -> None:
+    """The CSP enforces it in a browser; the assets do not even try (no absolute URL,
+    no inline script or style, which the policy would block)."""
+    static = files("engram_gateway.ui") / "static"
+    for name in ASSETS:
+        text = (static / name).read_text(encoding="utf-8")
+        if name == "favicon.svg":
+            assert re.findall(r"https?://[^\"' ]+", text) == ["http://www.w3.org/2000/svg"]
+            continue
+        assert not re.search(r"https?://", text), name
+        assert ".innerHTML" not in text and "insertAdjacentHTML" not in text, name
+    html = (static / "index.html").read_text(encoding="utf-8")
+    assert "<script>" not in html and "<style" not in html and " style=" not in html
+    assert "onclick=" not in html
+    for tag in re.findall(r"<(?:input|select|textarea)\b[^>]*>", html):
+        if 'type="checkbox"' in tag:
+            continue  # wrapped in their label
+        element_id = re.search(r'id="([^"]+)"', tag)
+        assert element_id, tag
+        labelled = f'for="{element_id.group(1)}"' in html or re.search(
+            rf"<label[^>]*>[^<]*{re.escape(tag)}", html
+        )
+        assert labelled, f"no label for {tag}"
+
+
+@pytest.mark.parametrize("setting", ["gateway_ui", "gateway_mcp"])
+async def test_each_can_be_switched_off(start_gateway: StartGateway, setting: str) -> None:
+    http = (await start_gateway(**{setting: False})).client()
+    ui_status = (await http.get("/ui/")).status_code
+    mcp_status = (
+        await http.post("/mcp", json={}, headers={"accept": "application/json"})
+    ).status_code
+    if setting == "gateway_ui":
+        assert ui_status == 404 and (await http.get("/")).status_code == 404
+        assert mcp_status != 404
+    else:
+        assert mcp_status == 404 and ui_status == 200
+
+
+async def test_mcp_needs_the_api_key(start_gateway: StartGateway) -> None:
+    http = (await start_gateway(api_keys=KEYS)).client()
+    refused = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+    assert refused.headers["www-authenticate"] == "Bearer"
