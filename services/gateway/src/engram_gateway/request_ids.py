@@ -1,10 +1,10 @@
 """The request id: every request gets one (the caller's ``X-Request-Id`` when it is
 sane), every log line carries it, and every answer echoes it, errors included.
 
-``RequestIdMiddleware`` is the outermost user middleware, but Starlette's
-``ServerErrorMiddleware`` sits outside it and sends the 500 of an unhandled exception
-itself; that answer gets the id from ``request_id_headers`` (the error handler reads
-the id this middleware put in the ASGI scope).
+``RequestIdMiddleware`` is the outermost user middleware; the 500 of an unhandled
+exception is sent inside it (by ``engram_gateway.guard.RequestGuardMiddleware``), so it
+carries the id like every other answer. ``request_id_headers`` reads the id this
+middleware put in the ASGI scope, for answers sent from outside it.
 """
 
 from __future__ import annotations
