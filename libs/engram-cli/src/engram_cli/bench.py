@@ -246,6 +246,7 @@ def _cmd_latency(args: argparse.Namespace) -> int:
 
 def add_bench_parser(commands: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
     from engram_cli.bench_corrections import add_corrections_parser
+    from engram_cli.bench_overhead import add_overhead_parser
     from engram_cli.bench_pipeline import add_pipeline_parser
     from engram_cli.bench_scale import add_scale_parser
     from engram_cli.bench_writepath import add_write_path_parser
@@ -258,6 +259,7 @@ def add_bench_parser(commands: argparse._SubParsersAction, handler: Callable) ->
     add_scale_parser(kinds, handler)
     add_locomo_parser(kinds, handler)
     add_corrections_parser(kinds, handler)
+    add_overhead_parser(kinds, handler)
     latency = kinds.add_parser("latency", help="Search latency at growing store sizes")
     latency.add_argument("--sizes", default="1000,10000", help="store sizes (comma-separated)")
     latency.add_argument("--queries", type=int, default=200, help="searches per size")

@@ -90,3 +90,24 @@ def child_processes(pid: int) -> list[int]:
         text = (task / "children").read_text().split()
         children.extend(int(c) for c in text)
     return children
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s(pid: int) -> float:
+    """utime + stime + cutime + cstime of one process (its reaped children included)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()  # the name may contain spaces
+    return sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds a process and its live descendants have used, from the kernel's
+    counters (``/proc/<pid>/stat``); 0 for a process that is gone."""
+    try:
+        total = _own_cpu_s(pid)
+        children = child_processes(pid)
+    except (OSError, ValueError):
+        return 0.0
+    return total + sum(process_cpu_s(child) for child in children)

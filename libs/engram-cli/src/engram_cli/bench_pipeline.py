@@ -46,12 +46,20 @@ async def bench_pipeline(
     turns: int, rate: float, conversations: int, workers: tuple[str, ...], timeout_s: float
 ) -> dict[str, Any]:
     async with bench_stack(None, workers) as settings:
-        return await _drive(settings, turns, rate, conversations, timeout_s)
+        return await drive_pipeline(settings, turns, rate, conversations, timeout_s)
 
 
-async def _drive(
-    settings: StackSettings, turns: int, rate: float, conversations: int, timeout_s: float
+async def drive_pipeline(
+    settings: StackSettings,
+    turns: int,
+    rate: float,
+    conversations: int,
+    timeout_s: float,
+    *,
+    first: int = 0,
 ) -> dict[str, Any]:
+    """Send ``turns`` at ``rate`` through a running stack and measure the lag; ``first``
+    numbers the chats (a second run on the same stack must not repeat the first's)."""
     chats = (turns + 1) // 2
     published: dict[str, float] = {}  # turn_id -> when turn.persisted was seen
     indexed: dict[str, float] = {}  # turn_id -> when memory.changed was seen
@@ -102,12 +110,13 @@ async def _drive(
 
     async def chat(http: httpx.AsyncClient, i: int) -> None:
         nonlocal failures
+        n = first + i
         reply = await http.post(
             "/chat/completions",
             json={
                 "model": "bench",
-                "memory_id": f"{CONVERSATION_PREFIX}{i % conversations}",
-                "messages": [{"role": "user", "content": f"I own a {TOKEN_PREFIX}{i:06d}."}],
+                "memory_id": f"{CONVERSATION_PREFIX}{n % conversations}",
+                "messages": [{"role": "user", "content": f"I own a {TOKEN_PREFIX}{n:06d}."}],
             },
         )
         if reply.status_code != 200:

@@ -46,6 +46,18 @@ async def bench_stack(
 
     Without ``llm_url`` the built-in scripted LLM answers, so numbers measure Engram.
     """
+    async with running_stack(llm_url, workers) as stack:
+        yield stack.settings
+
+
+@asynccontextmanager
+async def running_stack(
+    llm_url: str | None,
+    workers: tuple[str, ...] = WORKERS,
+    extra_env: dict[str, str] | None = None,
+) -> AsyncIterator[Stack]:
+    """:func:`bench_stack`, yielding the :class:`Stack` itself (its processes: pids,
+    signals); ``extra_env`` adds ``ENGRAM_*`` settings for every service."""
     upstream = None
     if llm_url is None:
         upstream = ScriptedUpstream(replies=[RuleBasedBrain()]).start()
@@ -65,13 +77,17 @@ async def bench_stack(
                 settings,
                 echo=lambda _: None,
                 relay_logs=False,
-                extra_env={"ENGRAM_LLM_BASE_URL": llm_url, "ENGRAM_LOG_LEVEL": "warning"},
+                extra_env={
+                    "ENGRAM_LLM_BASE_URL": llm_url,
+                    "ENGRAM_LOG_LEVEL": "warning",
+                    **(extra_env or {}),
+                },
                 workers=workers,
             )
             sys.stderr.write(f"starting the stack (workers: {', '.join(workers)})...\n")
             try:
                 await asyncio.to_thread(stack.start)
-                yield settings
+                yield stack
             finally:
                 await asyncio.to_thread(stack.stop)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from engram_core.logging import configure_logging, get_logger
 from engram_core.metrics import serve_metrics
+from engram_core.profiling import start_profiler
 from engram_core.settings import EngramSettings
 from engram_core.telemetry import Telemetry, setup_telemetry
 
@@ -16,6 +17,9 @@ def setup_observability(service_name: str, settings: EngramSettings) -> Telemetr
     """
     configure_logging(service_name, settings.log_level, settings.log_format)
     telemetry = setup_telemetry(service_name, settings.traces_file)
+    if settings.profile_dir is not None:
+        start_profiler(service_name, settings.profile_dir)
+        get_logger(__name__).info("profiler.sampling", directory=str(settings.profile_dir))
     if settings.metrics_port:
         serve_metrics(settings.metrics_host, settings.metrics_port)
         get_logger(__name__).info(

@@ -43,6 +43,8 @@ from engram_gateway.recall import (
     recall,
     search_query,
 )
+from engram_gateway.server_timing import HEADER as SERVER_TIMING_HEADER
+from engram_gateway.server_timing import ServerTiming
 from engram_gateway.sse import ChatStreamReader, with_first_event_field
 from engram_gateway.state import GatewayState, gateway_state, request_id
 from engram_gateway.tenancy import resolve_tenant
@@ -135,6 +137,7 @@ _CHAT_RESPONSES, _CHAT_REQUEST = chat_openapi()
 async def chat_completions(request: Request) -> Response:
     state = gateway_state(request)
     settings = state.settings
+    timing = ServerTiming.of(request)
     body = parse_json_object(await read_body(request, settings.gateway_max_body_bytes))
     controls, forwarded = split_memory_controls(body, request.headers)
     controls = controls.with_defaults(settings)
@@ -176,7 +179,8 @@ async def chat_completions(request: Request) -> Response:
         )
         # The request's own messages are the short-term window: hits repeating them are
         # dropped.
-        memory = await recall(state.memories, search, messages=messages)
+        with timing.measure("recall"):
+            memory = await recall(state.memories, search, messages=messages)
         if memory.system_message is not None and user_index is not None:
             forwarded["messages"] = inject(messages, user_index, memory.system_message)
 
@@ -209,8 +213,9 @@ async def chat_completions(request: Request) -> Response:
 
     # The upstream call's span (gen_ai) ends when the reply is complete, streamed or not.
     call = LlmCall(scope.model, task="chat", tracer=state.tracer)
+    timing.since_arrival("pre-upstream")
     try:
-        with call.current():
+        with call.current(), timing.measure("upstream"):
             upstream = await state.upstream.chat(forwarded, request.headers, stream=stream)
     except BaseException as exc:
         call.fail(str(getattr(exc, "status", "")) or type(exc).__name__)
@@ -218,13 +223,15 @@ async def chat_completions(request: Request) -> Response:
         raise
     if record:
         try:
-            await _record_user_turn(state, scope, query)
+            with timing.measure("record"):
+                await _record_user_turn(state, scope, query)
         except GatewayError:
             call.fail("turn_not_persisted")
             call.end()
             with suppress(Exception):
                 await upstream.aclose()
             raise
+    headers[SERVER_TIMING_HEADER] = timing.header()
     if stream:
         hits = memory.hits if memory.status is not MemoryStatus.BYPASSED else None
         return _relay_stream(

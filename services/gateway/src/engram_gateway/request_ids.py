@@ -17,6 +17,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engram_gateway.server_timing import stamp_arrival
+
 REQUEST_ID_HEADER = "X-Request-Id"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -50,7 +52,9 @@ class RequestIdMiddleware:
             (v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), ""
         )
         rid = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        stamp_arrival(state)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -1,0 +1,287 @@
+"""``engram bench overhead``: what memory adds to a chat, and where the time goes.
+
+One run, one stack (``engram up``'s processes on a fresh data dir, all six workers) and
+the scripted upstream in a process of its own (:mod:`engram_cli.bench_load`):
+
+1. **latency**: one client at ``--rate`` chats/s for ``--seconds``, three times: straight
+   to the upstream (``direct``), through the gateway with ``memory: false`` (``off``) and
+   with memory (``on``, the write path running beside it). Added latency is a
+   percentile of ``on`` minus the same percentile of ``off``; ``pre-upstream`` is the
+   gateway's own measure (its ``Server-Timing`` header) of the time from a request's
+   arrival until it was handed to the upstream.
+2. **throughput**: ``--clients`` closed-loop clients for ``--seconds``, memory off, then on.
+3. **pipeline**: ``engram bench pipeline``'s driver at ``--pipeline-rate`` turns/s (lag:
+   a turn's ``turn.persisted`` to ingest's ``memory.changed``) while every worker's
+   backlog is sampled; the phase ends when every worker has drained.
+4. **profile** (unless ``--no-profile``): the services run with ``ENGRAM_PROFILE_DIR``
+   (:mod:`engram_core.profiling`, paused once the stack is up); a shorter pipeline run is
+   sampled, and each process's folded stacks and hottest functions are saved.
+
+CPU per chat or turn: each process's kernel counters read before a phase and after the
+write path drained, divided by the phase's chats (or turns). The load average is
+recorded per phase, so a run on a busy machine says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nats
+
+from engram_cli.bench_load import (
+    MODES,
+    Backlog,
+    Chatter,
+    CpuMeter,
+    at_rate,
+    closed_loop,
+    latency_summary,
+    scripted_llm_process,
+    signal_services,
+    stack_pids,
+)
+from engram_cli.bench_overhead_report import (
+    collect_profiles,
+    plot_overhead,
+    print_report,
+    targets,
+)
+from engram_cli.bench_pipeline import drive_pipeline
+from engram_cli.bench_writepath import running_stack
+from engram_cli.stack import WORKERS, Stack
+from engram_core.settings import parse_nats_urls
+
+IDLE_S = 5.0
+WARM_UP_CHATS = 40
+
+
+@dataclass(frozen=True)
+class OverheadConfig:
+    rate: float = 10.0
+    seconds: float = 20.0
+    clients: int = 32
+    conversations: int = 20
+    history: int = 4
+    pipeline_rate: float = 100.0
+    pipeline_turns: int = 2000
+    profile: bool = True
+    profile_turns: int = 600
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+class Run:
+    """One bench run against a started stack."""
+
+    def __init__(
+        self, cfg: OverheadConfig, stack: Stack, chatter: Chatter, meter: CpuMeter, backlog: Backlog
+    ) -> None:
+        self.cfg = cfg
+        self.stack = stack
+        self.chatter = chatter
+        self.meter = meter
+        self.backlog = backlog
+
+    async def idle(self) -> dict[str, float]:
+        """CPU of the stack doing nothing, ms per second (the floor under every phase)."""
+        before = self.meter.read()
+        await asyncio.sleep(IDLE_S)
+        after = self.meter.read()
+        return {
+            name: round((after[name] - before[name]) * 1e3 / IDLE_S, 2)
+            for name in before
+            if name != "bench client"
+        }
+
+    async def warm_up(self) -> None:
+        for mode in MODES:
+            await at_rate(lambda m=mode: self.chatter.send(m), 20, WARM_UP_CHATS / 20, "warm-up")
+        await self.backlog.wait_drained()
+
+    async def latency(self) -> dict[str, Any]:
+        phases: dict[str, Any] = {}
+        for mode in MODES:
+            before, load = self.meter.read(), _load()
+            samples = await at_rate(
+                lambda m=mode: self.chatter.send(m),
+                self.cfg.rate,
+                self.cfg.seconds,
+                f"{mode} at {self.cfg.rate:g}/s",
+            )
+            drained_s = await self.backlog.wait_drained()
+            phases[mode] = {
+                **latency_summary(samples),
+                "cpu_ms_per_chat": CpuMeter.per_unit(before, self.meter.read(), len(samples)),
+                "drained_after_s": round(drained_s, 2),
+                "load_avg_1m": load,
+                "samples_ms": sorted(s.latency_ms for s in samples if s.status == 200),
+            }
+        return phases
+
+    async def throughput(self) -> dict[str, Any]:
+        phases: dict[str, Any] = {}
+        for mode in ("off", "on"):
+            sys.stderr.write(f"{self.cfg.clients} clients, memory {mode}, {self.cfg.seconds:g}s\n")
+            before, load = self.meter.read(), _load()
+            samples, elapsed = await closed_loop(
+                lambda m=mode: self.chatter.send(m), self.cfg.clients, self.cfg.seconds
+            )
+            drained_s = await self.backlog.wait_drained()
+            ok = sum(s.status == 200 for s in samples)
+            phases[mode] = {
+                **latency_summary(samples),
+                "chats_per_s": round(ok / elapsed, 1),
+                "cpu_ms_per_chat": CpuMeter.per_unit(before, self.meter.read(), len(samples)),
+                "drained_after_s": round(drained_s, 2),
+                "load_avg_1m": load,
+            }
+        phases["on_over_off"] = round(
+            phases["on"]["chats_per_s"] / max(phases["off"]["chats_per_s"], 1e-9), 3
+        )
+        return phases
+
+    async def pipeline(self, turns: int, first: int) -> dict[str, Any]:
+        before, load = self.meter.read(), _load()
+        started = time.perf_counter()
+        async with self.backlog.sampled() as series:
+            result = await drive_pipeline(
+                self.stack.settings,
+                turns,
+                self.cfg.pipeline_rate,
+                self.cfg.conversations,
+                timeout_s=120,
+                first=first,
+            )
+            send_s = result["turns"] / result["achieved_send_rate_per_s"]
+            await self.backlog.wait_drained()
+        drained_after_s = time.perf_counter() - started - send_s
+        summary = {k: v for k, v in result.items() if k not in ("samples_ms", "sample_order")}
+        return {
+            **summary,
+            "drained_after_s": round(drained_after_s, 2),
+            "whole_stack_turns_per_s": round(result["turns"] / (send_s + drained_after_s), 1),
+            "max_backlog": {w: max((s.get(w, 0) for s in series), default=0) for w in WORKERS},
+            "cpu_ms_per_turn": CpuMeter.per_unit(before, self.meter.read(), result["turns"]),
+            "load_avg_1m": load,
+            "backlog_series": series,
+            "lag_samples_ms": result["samples_ms"],
+        }
+
+    async def profile(self, profiles: Path) -> dict[str, Any]:
+        """A pipeline run with every service sampling (SIGUSR1), written on SIGUSR2."""
+        signal_services(self.stack, signal.SIGUSR1)
+        await asyncio.sleep(0.2)
+        run = await self.pipeline(self.cfg.profile_turns, first=self.cfg.pipeline_turns)
+        asked = time.time()
+        signal_services(self.stack, signal.SIGUSR2)
+        return collect_profiles(profiles, asked, run["turns"], self.stack)
+
+
+async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
+    profiles = (out / "profiles").resolve()
+    env = {"ENGRAM_PROFILE_DIR": str(profiles)} if cfg.profile else {}
+    results: dict[str, Any] = {"load_avg_1m_at_start": _load()}
+    async with (
+        scripted_llm_process() as (upstream_url, upstream_pid),
+        running_stack(upstream_url, WORKERS, env) as stack,
+    ):
+        if cfg.profile:
+            signal_services(stack, signal.SIGUSR2)  # start-up is not what is measured
+        nc = await nats.connect(servers=parse_nats_urls(stack.settings.nats_url))
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        try:
+            async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+                chatter = Chatter(
+                    http,
+                    gateway=stack.settings.local_gateway_url,
+                    upstream=upstream_url,
+                    conversations=cfg.conversations,
+                    history=cfg.history,
+                )
+                meter = CpuMeter(stack_pids(stack, upstream_pid))
+                run = Run(cfg, stack, chatter, meter, Backlog(nc.jetstream(), WORKERS))
+                results["idle_cpu_ms_per_s"] = await run.idle()
+                await run.warm_up()
+                results["latency"] = await run.latency()
+                results["throughput"] = await run.throughput()
+                results["pipeline"] = await run.pipeline(cfg.pipeline_turns, first=0)
+                if cfg.profile:
+                    results["profile"] = await run.profile(profiles)
+        finally:
+            await nc.close()
+    results["load_avg_1m_at_end"] = _load()
+    return results
+
+
+def _cmd_overhead(args: argparse.Namespace) -> int:
+    cfg = OverheadConfig(
+        rate=args.rate,
+        seconds=args.seconds,
+        clients=args.clients,
+        conversations=args.conversations,
+        history=args.history,
+        pipeline_rate=args.pipeline_rate,
+        pipeline_turns=args.pipeline_turns,
+        profile=args.profile,
+        profile_turns=args.profile_turns,
+    )
+    numbers = (cfg.rate, cfg.seconds, cfg.clients, cfg.conversations, cfg.pipeline_rate)
+    if min(numbers) <= 0 or cfg.pipeline_turns <= 0 or cfg.profile_turns <= 0 or cfg.history < 0:
+        print("engram bench overhead: rates, counts and durations must be > 0", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = asyncio.run(bench_overhead(cfg, out))
+    results["targets"] = targets(results)
+    print_report(results)
+    results["config"] = asdict(cfg)
+    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    plot_overhead(results, out / "overhead.png")
+    (out / "results.json").write_text(json.dumps(_without_samples(results), indent=2))
+    print(f"saved {out / 'results.json'}, {out / 'overhead.png'} and {out / 'profiles'}/")
+    failed = sum(p["failed"] for p in results["latency"].values())
+    pipeline = results["pipeline"]
+    return 0 if not failed and pipeline["indexed"] == pipeline["turns"] else 1
+
+
+def _without_samples(results: dict[str, Any]) -> dict[str, Any]:
+    """results.json keeps the summaries; the raw samples only feed the plot."""
+    slim = json.loads(json.dumps(results))
+    for phase in slim["latency"].values():
+        phase.pop("samples_ms", None)
+    slim["pipeline"].pop("lag_samples_ms", None)
+    return slim
+
+
+def add_overhead_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+    bench = kinds.add_parser(
+        "overhead", help="latency and CPU memory adds per chat, throughput, and a profile"
+    )
+    bench.add_argument("--rate", type=float, default=10.0, help="chats/s of the latency phase")
+    bench.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    bench.add_argument("--clients", type=int, default=32, help="clients of the throughput phase")
+    bench.add_argument("--conversations", type=int, default=20, help="spread over this many")
+    bench.add_argument(
+        "--history", type=int, default=4, help="earlier messages sent with every chat"
+    )
+    bench.add_argument("--pipeline-rate", type=float, default=100.0, help="turns/s (2 per chat)")
+    bench.add_argument("--pipeline-turns", type=int, default=2000, help="turns of that phase")
+    bench.add_argument(
+        "--no-profile", dest="profile", action="store_false", help="skip the profile phase"
+    )
+    bench.add_argument("--profile-turns", type=int, default=600, help="turns sampled")
+    bench.add_argument("--out", default="bench-results/overhead", help="output directory")
+    bench.set_defaults(func=handler, run=_cmd_overhead)
