@@ -122,6 +122,7 @@ class Run:
                 f"{mode} at {self.cfg.rate:g}/s",
             )
             drained_s = await self.backlog.wait_drained()
+            self.stack.check_alive()
             phases[mode] = {
                 **latency_summary(samples),
                 "cpu_ms_per_chat": CpuMeter.per_unit(before, self.meter.read(), len(samples)),
@@ -140,6 +141,7 @@ class Run:
                 lambda m=mode: self.chatter.send(m), self.cfg.clients, self.cfg.seconds
             )
             drained_s = await self.backlog.wait_drained()
+            self.stack.check_alive()
             ok = sum(s.status == 200 for s in samples)
             phases[mode] = {
                 **latency_summary(samples),
@@ -168,6 +170,7 @@ class Run:
             send_s = result["turns"] / result["achieved_send_rate_per_s"]
             await self.backlog.wait_drained()
         drained_after_s = time.perf_counter() - started - send_s
+        self.stack.check_alive()
         summary = {k: v for k, v in result.items() if k not in ("samples_ms", "sample_order")}
         return {
             **summary,

@@ -111,14 +111,18 @@ async def drive_pipeline(
     async def chat(http: httpx.AsyncClient, i: int) -> None:
         nonlocal failures
         n = first + i
-        reply = await http.post(
-            "/chat/completions",
-            json={
-                "model": "bench",
-                "memory_id": f"{CONVERSATION_PREFIX}{n % conversations}",
-                "messages": [{"role": "user", "content": f"I own a {TOKEN_PREFIX}{n:06d}."}],
-            },
-        )
+        try:
+            reply = await http.post(
+                "/chat/completions",
+                json={
+                    "model": "bench",
+                    "memory_id": f"{CONVERSATION_PREFIX}{n % conversations}",
+                    "messages": [{"role": "user", "content": f"I own a {TOKEN_PREFIX}{n:06d}."}],
+                },
+            )
+        except httpx.HTTPError:  # a dropped connection is a failed chat, counted
+            failures += 1
+            return
         if reply.status_code != 200:
             failures += 1
 

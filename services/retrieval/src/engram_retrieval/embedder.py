@@ -183,11 +183,19 @@ class Embedder:
     def _batches(
         self, texts: Sequence[str], *, with_tokens: bool
     ) -> Iterator[tuple[list[int], np.ndarray, list[np.ndarray]]]:
-        # Batching texts of similar length keeps padding (wasted compute) small.
+        # Batching texts of similar length keeps padding (wasted compute) small: a
+        # batch ends at batch_size texts or where a text is twice as long as its first.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
-            yield (chunk, *self._embed_batch([texts[i] for i in chunk], with_tokens))
+        chunk: list[int] = []
+        for i in order:
+            if chunk and (
+                len(chunk) == self.batch_size or len(texts[i]) > 2 * len(texts[chunk[0]]) + 16
+            ):
+                yield (chunk, *self._embed_batch([texts[j] for j in chunk], with_tokens))
+                chunk = []
+            chunk.append(i)
+        if chunk:
+            yield (chunk, *self._embed_batch([texts[j] for j in chunk], with_tokens))
 
     def _embed_batch(
         self, texts: Sequence[str], with_tokens: bool

@@ -38,6 +38,7 @@ from engram_core.memory import (
     is_tenant_wide,
 )
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.encode_queue import EncodeQueue
 from engram_retrieval.expansion import expand_first_person
 from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.overview import asks_for_overview
@@ -184,11 +185,14 @@ class SearchPipeline:
         overview_limit: int = 20,
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
+        encoder: EncodeQueue | None = None,
     ) -> None:
         if candidates not in CANDIDATE_SOURCES:
             raise ValueError(f"candidates must be one of {CANDIDATE_SOURCES} (got {candidates!r})")
         self.store = store
         self.embedder = embedder
+        # Shared with the servicer's writes: one model run serves concurrent requests.
+        self.encoder = encoder or EncodeQueue(embedder)
         self.scorer = scorer
         self.defaults = defaults
         # Documents always get BM25 vectors, so the candidate sources can change later.
@@ -285,7 +289,7 @@ class SearchPipeline:
         with self.tracer.start_as_current_span("embed", attributes=attrs) as span:
             t = time.perf_counter()
             text = expand_first_person(query.text) if self.first_person_expansion else query.text
-            encoded = await asyncio.to_thread(self.embedder.encode_one, text)
+            encoded = await self.encoder.encode_one(text, urgent=True)
             sparse_query = self.lexical.query(text) if self.candidates != "dense" else None
             timings.embed_ms = _ms(t)
             span.set_attribute(semconv.ENGRAM_EMBEDDING_MODEL, self.embedder.model_id)

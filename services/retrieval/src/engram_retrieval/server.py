@@ -18,6 +18,7 @@ from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVER_KEEPALIVE_OPTIONS, SERVICE_NAME
 from engram_core.telemetry import instrument_grpc_server
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.encode_queue import EncodeQueue
 from engram_retrieval.pipeline import SearchPipeline
 from engram_retrieval.ranking import RankingParams
 from engram_retrieval.relevance import (
@@ -128,6 +129,7 @@ async def build_server(
             overview_limit=settings.search_overview_limit,
             tracer=tracer,
             clock=clock,
+            encoder=EncodeQueue(embedder),
         )
         servicer = MemoryServicer(store, embedder, pipeline)
         server = grpc.aio.server(

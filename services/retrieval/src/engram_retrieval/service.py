@@ -331,9 +331,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 "embed",
                 attributes={semconv.ENGRAM_TENANT: tenant, semconv.ENGRAM_TEXTS: len(to_embed)},
             ):
-                encoded = await asyncio.to_thread(
-                    self.embedder.encode, [text for _, text in to_embed]
-                )
+                encoded = await self.pipeline.encoder.encode([text for _, text in to_embed])
             for (point_id, _), vectors in zip(to_embed, encoded, strict=True):
                 pending[point_id].vector = vectors.dense
                 pending[point_id].tokens = vectors.tokens

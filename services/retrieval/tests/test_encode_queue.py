@@ -1,0 +1,94 @@
+"""The encode queue: concurrent requests share model runs, searches go first, recent
+texts come from the cache, and every caller gets exactly the vectors of its texts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from engram_retrieval.embedder import Embedder
+from engram_retrieval.encode_queue import EncodeQueue
+
+
+class GatedEmbedder:
+    """The real embedder, held at a gate so a test decides when a model run may finish,
+    and recording what each run embedded."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self.model_id = embedder.model_id
+        self.runs: list[list[str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def encode(self, texts: list[str]):  # type: ignore[no-untyped-def]
+        self.runs.append(list(texts))
+        self.gate.wait(timeout=30)
+        return self.embedder.encode(texts)
+
+
+async def test_concurrent_requests_share_one_run_and_get_their_own_vectors(
+    embedder: Embedder,
+) -> None:
+    gated = GatedEmbedder(embedder)
+    queue = EncodeQueue(gated)  # type: ignore[arg-type]
+    gated.gate.clear()
+    first = asyncio.create_task(queue.encode(["the first text"]))
+    await asyncio.sleep(0.05)  # the first run is under way, held at the gate
+    waiting = [asyncio.create_task(queue.encode([f"text number {i}"])) for i in range(5)]
+    await asyncio.sleep(0.05)
+    gated.gate.set()
+    results = await asyncio.gather(first, *waiting)
+
+    assert gated.runs == [["the first text"], [f"text number {i}" for i in range(5)]]
+    for i, (encoded,) in enumerate(results[1:]):
+        expected = embedder.encode_one(f"text number {i}")
+        assert np.allclose(encoded.dense, expected.dense, atol=1e-5)
+        assert encoded.tokens.shape == expected.tokens.shape
+
+
+async def test_a_search_goes_before_queued_writes(embedder: Embedder) -> None:
+    gated = GatedEmbedder(embedder)
+    queue = EncodeQueue(gated, max_run=1)  # type: ignore[arg-type]
+    gated.gate.clear()
+    running = asyncio.create_task(queue.encode(["already running"]))
+    await asyncio.sleep(0.05)
+    write = asyncio.create_task(queue.encode(["a turn to store"]))
+    search = asyncio.create_task(queue.encode(["what do I own?"], urgent=True))
+    await asyncio.sleep(0.05)
+    gated.gate.set()
+    await asyncio.gather(running, write, search)
+
+    assert gated.runs == [["already running"], ["what do I own?"], ["a turn to store"]]
+
+
+async def test_recent_texts_are_not_embedded_again(embedder: Embedder) -> None:
+    gated = GatedEmbedder(embedder)
+    queue = EncodeQueue(gated, cache_texts=2)  # type: ignore[arg-type]
+    (one,) = await queue.encode(["User owns a bike."])
+    (again,) = await queue.encode(["User owns a bike."])
+    assert again is one
+    await queue.encode(["second", "third"])  # pushes the first out of a 2-text cache
+    await queue.encode(["User owns a bike.", "second"])
+
+    assert gated.runs == [["User owns a bike."], ["second", "third"], ["User owns a bike."]]
+    assert queue.stats.cached == 2
+
+
+async def test_a_failed_run_fails_its_callers_and_the_next_run_works(
+    embedder: Embedder,
+) -> None:
+    class Failing(GatedEmbedder):
+        def encode(self, texts: list[str]):  # type: ignore[no-untyped-def]
+            if "poison" in texts:
+                raise RuntimeError("model failed")
+            return super().encode(texts)
+
+    queue = EncodeQueue(Failing(embedder))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="model failed"):
+        await queue.encode(["poison"])
+    (fine,) = await queue.encode(["fine"])
+    assert fine.dense.shape == (embedder.dim,)
