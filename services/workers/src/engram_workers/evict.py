@@ -17,7 +17,8 @@ memory, so a crash between the two re-selects the same victims, re-publishes the
 (de-duplicated) events and deletes them then: the mirror never misses a tombstone.
 The whole check holds a lock on the user's conversation, so two replicas never evict for the
 same conversation at once (no double eviction, no count that is stale by the time the
-deletes land).
+deletes land). The lock is taken only when a first count, without it, finds the
+conversation over its limit.
 """
 
 from __future__ import annotations
@@ -116,10 +117,25 @@ def evicted_event(tenant: str, memory: MemoryRecord) -> MemoryChanged:
     return lifecycle.change(tenant, memory, "evicted", cause="evict")
 
 
+def _counted_scope(event: MemoryChanged) -> MemoryFilter:
+    return MemoryFilter(
+        user_id=event.user_id,
+        conversation_id=event.conversation_id,
+        kinds=COUNTED_KINDS,
+        include_superseded=True,
+    )
+
+
 async def evict(event: MemoryChanged, delivery: Delivery) -> None:
     if event.op != "created":
         return
     settings: EvictSettings = delivery.worker.settings  # type: ignore[assignment]
+    # Counted first without the lock: most changes leave the conversation under its
+    # limit, and the lock costs three JetStream round trips. A change is published after
+    # its memory is stored, so the count of the last change always sees every memory.
+    counted = await delivery.memories.count(event.tenant, _counted_scope(event))
+    if counted.total <= settings.max_entries:
+        return
     locks: KeyLocks = delivery.resources
     try:
         async with locks.hold("evict", event.tenant, event.user_id, event.conversation_id):
@@ -130,12 +146,7 @@ async def evict(event: MemoryChanged, delivery: Delivery) -> None:
 
 async def _enforce_limit(delivery: Delivery, event: MemoryChanged, max_entries: int) -> None:
     tenant, memories = event.tenant, delivery.memories
-    scope = MemoryFilter(
-        user_id=event.user_id,
-        conversation_id=event.conversation_id,
-        kinds=COUNTED_KINDS,
-        include_superseded=True,
-    )
+    scope = _counted_scope(event)
     counted = await memories.count(tenant, scope)
     excess = counted.total - max_entries
     if excess <= 0:

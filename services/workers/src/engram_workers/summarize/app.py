@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import Field
@@ -327,9 +327,13 @@ async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
                         lifecycle.change(tenant, episode, "created", cause="summarize:episode")
                     )
         anchor = core.anchor_of(recent.records)
+        turns_scope = _scope(event, "turn", current_only=False)
+        if delivery.attempt == 1 and not await _window_may_close(
+            delivery, tenant, turns_scope, anchor, settings.episode_turns
+        ):
+            return
         # Newest first: only the uncovered tail of the conversation is read.
         tail: list[MemoryRecord] = []
-        turns_scope = _scope(event, "turn", current_only=False)
         async for turn in memories.iter_list(tenant, turns_scope, page_size=LIST_PAGE):
             if (
                 anchor.boundary is not None
@@ -341,6 +345,17 @@ async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
         turns = core.uncovered(tail, anchor)
         for first, window in core.closed_windows(turns, anchor, settings.episode_turns):
             await _write_episode(delivery, event, window, first)
+
+
+async def _window_may_close(
+    delivery: Delivery, tenant: str, turns: MemoryFilter, anchor: core.Anchor, size: int
+) -> bool:
+    """Whether more than ``size`` turns may be uncovered: the turns from the anchor's
+    newest covered turn on, counted (an upper bound of the uncovered ones), which is far
+    cheaper than reading them. Most turns close no window and stop here."""
+    since = replace(turns, created_after=anchor.boundary)
+    counted = await delivery.memories.count(tenant, since)
+    return counted.total > size
 
 
 async def _write_episode(
