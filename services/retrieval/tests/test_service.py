@@ -740,3 +740,30 @@ async def test_upsert_reports_the_stored_timestamps(client: RetrievalClient) -> 
     assert created.updated_at == unchanged.updated_at  # a no-op keeps the stored state
     assert created.created_at == to_timestamp(FIXED_NOW - timedelta(days=1))
     assert created.updated_at == to_timestamp(FIXED_NOW)
+
+
+async def test_a_summary_is_stored_without_a_model_run_and_still_attached(
+    client: RetrievalClient, server: RunningServer
+) -> None:
+    """Summaries are attached by id, never searched by similarity: storing one costs no
+    embedding (a long summary would cost several turns' worth), and search still
+    returns it."""
+    encoder = server.servicer.pipeline.encoder
+    await client.upsert(pb.UpsertRequest(tenant="acme", memories=[fact(FACTS[0])]))
+    runs, texts = encoder.stats.runs, encoder.stats.texts
+    summary = pb.Memory(
+        id=summary_memory_id("acme", "u1", "c1"),
+        kind=pb.MEMORY_KIND_SUMMARY,
+        text="The user has a dog called Biscuit. " * 50,
+        user_id="u1",
+        conversation_id="c1",
+    )
+    reply = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[summary]))
+    assert reply.results[0].status == pb.UPSERT_STATUS_CREATED
+    assert (encoder.stats.runs, encoder.stats.texts) == (runs, texts)
+
+    result = await client.search(
+        pb.SearchRequest(tenant="acme", query="my dog", user_id="u1", conversation_id="c1")
+    )
+    assert result.summary.text == summary.text
+    assert all(hit.memory.kind != pb.MEMORY_KIND_SUMMARY for hit in result.hits)

@@ -3,10 +3,11 @@ embedded together, and recently embedded texts are not embedded again.
 
 The model costs less per text in a batch than one text at a time (MiniLM int8 on two
 cores: about 5 ms for one short text alone, 3.3 ms each in a batch of eight), and a
-busy service has many requests waiting at once. So a single loop runs the model: when
-it is idle, a request starts a run at once (no added latency); while a run is going,
-requests queue, and the next run takes everything queued. Searches go before writes:
-a person waits for a search, nobody waits for an index write.
+busy service has many requests waiting at once. So a loop runs the model: when it is
+idle, a request starts a run at once (no added latency); while a run is going,
+requests queue, and the next run takes everything queued. Searches have a loop of
+their own beside the writes' (two runs at most at once): a person waits for a search,
+nobody waits for an index write, so a search never queues behind a batch of writes.
 
 Texts seen recently (reconcile searches for a fact's text and then stores the same
 text; a retried Upsert) are answered from a small LRU cache of their vectors.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engram_retrieval.embedder import Embedder, Encoded
 
@@ -31,7 +32,14 @@ MAX_RUN_TEXTS = 64
 class _Request:
     texts: list[str]
     done: asyncio.Future[list[Encoded]]
-    urgent: bool = False
+
+
+@dataclass
+class _Lane:
+    """Requests waiting for a model run, and the task that runs them."""
+
+    queue: list[_Request] = field(default_factory=list)
+    runner: asyncio.Task[None] | None = None
 
 
 @dataclass
@@ -53,8 +61,8 @@ class EncodeQueue:
         self.max_run = max_run
         self.stats = EncodeStats()
         self._cache: OrderedDict[str, Encoded] = OrderedDict()
-        self._queue: list[_Request] = []
-        self._runner: asyncio.Task[None] | None = None
+        self._searches = _Lane()
+        self._writes = _Lane()
 
     @property
     def model_id(self) -> str:
@@ -62,7 +70,7 @@ class EncodeQueue:
 
     async def encode(self, texts: Sequence[str], *, urgent: bool = False) -> list[Encoded]:
         """Sentence and token vectors of each text, in input order. ``urgent``: a
-        search someone waits for; it goes before queued writes."""
+        search someone waits for; it does not wait for writes."""
         found = [self._cached(text) for text in texts]
         missing = list(dict.fromkeys(t for t, e in zip(texts, found, strict=True) if e is None))
         self.stats.cached += len(texts) - len(missing)
@@ -88,28 +96,25 @@ class EncodeQueue:
             self._cache.popitem(last=False)
 
     async def _queued(self, texts: list[str], urgent: bool) -> list[Encoded]:
-        request = _Request(texts, asyncio.get_running_loop().create_future(), urgent)
-        if urgent:
-            at = next((i for i, r in enumerate(self._queue) if not r.urgent), len(self._queue))
-            self._queue.insert(at, request)
-        else:
-            self._queue.append(request)
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run_queued())
+        lane = self._searches if urgent else self._writes
+        request = _Request(texts, asyncio.get_running_loop().create_future())
+        lane.queue.append(request)
+        if lane.runner is None or lane.runner.done():
+            lane.runner = asyncio.create_task(self._run_queued(lane))
         return await request.done
 
-    def _next_run(self) -> list[_Request]:
+    def _next_run(self, lane: _Lane) -> list[_Request]:
         taken: list[_Request] = []
         size = 0
-        while self._queue and (not taken or size + len(self._queue[0].texts) <= self.max_run):
-            request = self._queue.pop(0)
+        while lane.queue and (not taken or size + len(lane.queue[0].texts) <= self.max_run):
+            request = lane.queue.pop(0)
             taken.append(request)
             size += len(request.texts)
         return taken
 
-    async def _run_queued(self) -> None:
-        while self._queue:
-            requests = [r for r in self._next_run() if not r.done.done()]  # cancelled: skip
+    async def _run_queued(self, lane: _Lane) -> None:
+        while lane.queue:
+            requests = [r for r in self._next_run(lane) if not r.done.done()]  # cancelled
             texts = list(dict.fromkeys(t for r in requests for t in r.texts))
             if not texts:
                 continue

@@ -18,6 +18,7 @@ from datetime import UTC
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
 from engram_core import semconv
 from engram_core.logging import get_logger
@@ -222,6 +223,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.lexical = pipeline.lexical
         self.clock = pipeline.clock
         self.tracer = pipeline.tracer
+        # Summaries are attached by id and never searched by similarity (Search refuses
+        # the kind), so they are not run through the model: a 2,000-character summary
+        # costs eight times a turn, and it is rewritten on every fact. They get a fixed
+        # unit vector instead.
+        self.unsearched_vector = np.eye(1, embedder.dim, dtype=np.float32)[0]
 
     # -- Search -----------------------------------------------------------------------
 
@@ -313,11 +319,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 continue
             key = index_key(memory, parse_ts(payload["created_at"]))
             point = StoredPoint(id=point_id, payload=payload, sparse=self.lexical.document(key))
-            if (
-                previous is not None
-                and previous.vector is not None
-                and (previous.tokens is not None or not self.store.late_interaction)
-                and previous.payload.get("embed_hash") == payload["embed_hash"]
+            if memory.kind == pb.MEMORY_KIND_SUMMARY:
+                point.vector = self.unsearched_vector
+            elif previous is not None and _reusable(
+                previous, payload, late_interaction=self.store.late_interaction
             ):
                 point.vector, point.tokens = previous.vector, previous.tokens
             else:
@@ -461,6 +466,16 @@ def _result(point_id: str, status: int, payload: dict[str, Any]) -> pb.UpsertRes
     result.created_at.CopyFrom(to_timestamp(parse_ts(payload["created_at"])))
     result.updated_at.CopyFrom(to_timestamp(parse_ts(payload["updated_at"])))
     return result
+
+
+def _reusable(previous: StoredPoint, payload: dict[str, Any], *, late_interaction: bool) -> bool:
+    """Whether the stored vectors still fit: same model and index text, token vectors
+    present where the store keeps them."""
+    return (
+        previous.vector is not None
+        and (previous.tokens is not None or not late_interaction)
+        and previous.payload.get("embed_hash") == payload["embed_hash"]
+    )
 
 
 def _same(stored: dict[str, Any], fresh: dict[str, Any]) -> bool:
