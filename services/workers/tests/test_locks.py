@@ -61,3 +61,29 @@ async def test_a_long_holder_keeps_its_lock_past_the_ttl(nats_url) -> None:
         with pytest.raises(LockTimeout):
             async with waiter.hold("t", "c"):
                 pass
+
+
+async def test_waiters_in_one_process_queue_locally_not_on_the_bucket(nats_url) -> None:
+    """Four messages of one conversation handled at once by one worker: each takes the
+    bucket's lock once, in turn, instead of all four polling it."""
+    async with KeyLocks.connect(nats_url) as locks:
+        attempts = 0
+        create = locks._kv.create
+
+        async def counted_create(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal attempts
+            attempts += 1
+            return await create(*args, **kwargs)
+
+        locks._kv.create = counted_create  # type: ignore[method-assign]
+        order: list[int] = []
+
+        async def work(i: int) -> None:
+            async with locks.hold("tenant", "conv"):
+                order.append(i)
+                await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(work(i) for i in range(4)))
+        assert attempts == 4
+        assert sorted(order) == [0, 1, 2, 3]
+        assert locks._local == {}  # nothing left behind for a key nobody holds

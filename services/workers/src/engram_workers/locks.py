@@ -5,6 +5,9 @@ A lock is a KV key created only if absent (an atomic compare-and-set on the stre
 its holder refreshes it while working, and the bucket's TTL frees the lock of a
 crashed holder. Waiters poll with jitter until the key is free or they time out, in
 which case the caller raises a retryable error and the message is redelivered later.
+Within one process, callers of the same key queue on a local lock first, so a worker
+handling several messages of one conversation at once makes one attempt at a time on
+the bucket instead of each polling it (every attempt is a JetStream round trip).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class KeyLocks:
         self.ttl_s = ttl_s
         self.wait_s = wait_s
         self.owner = uuid.uuid4().hex
+        self._local: dict[str, _LocalLock] = {}
 
     @classmethod
     @asynccontextmanager
@@ -86,6 +90,30 @@ class KeyLocks:
     @asynccontextmanager
     async def hold(self, *parts: str) -> AsyncIterator[None]:
         key = self.key(*parts)
+        async with self._queued_locally(key), self._held(key):
+            yield
+
+    @asynccontextmanager
+    async def _queued_locally(self, key: str) -> AsyncIterator[None]:
+        local = self._local.setdefault(key, _LocalLock())
+        local.users += 1
+        try:
+            try:
+                async with asyncio.timeout(self.wait_s):
+                    await local.lock.acquire()
+            except TimeoutError:
+                raise LockTimeout(f"lock busy for more than {self.wait_s:.0f}s") from None
+            try:
+                yield
+            finally:
+                local.lock.release()
+        finally:
+            local.users -= 1
+            if not local.users:
+                del self._local[key]
+
+    @asynccontextmanager
+    async def _held(self, key: str) -> AsyncIterator[None]:
         revision = await self._acquire(key)
         refresher = asyncio.create_task(self._refresh(key, revision))
         try:
@@ -120,3 +148,11 @@ class KeyLocks:
             except KeyWrongLastSequenceError:
                 log.warning("lock.lost", key=key)
                 return
+
+
+class _LocalLock:
+    """This process's queue for one key, dropped once nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
