@@ -6,14 +6,12 @@ another tenant's ids are reported missing and never returned, listed or counted.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import errno
 import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from datetime import UTC
 from typing import Any, TypeVar
 
@@ -414,10 +412,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     ) -> pb.CountResponse:
         tenant = _require_tenant(request.tenant)
         flt = _filter_from(tenant, request.filter, kinds_default=tuple(KIND_NAMES.values()))
-        counts = await asyncio.gather(
-            *(self.store.count(_with_kinds(flt, (kind,))) for kind in flt.kinds)
-        )
-        by_kind = dict(zip(flt.kinds, counts, strict=True))
+        if len(flt.kinds) == 1:
+            by_kind = {flt.kinds[0]: await self.store.count(flt)}
+        else:  # one facet over the kind index instead of one count per kind
+            found = dict(await self.store.facet(flt, "kind", len(flt.kinds)))
+            by_kind = {kind: found.get(kind, 0) for kind in flt.kinds}
         return pb.CountResponse(count=sum(by_kind.values()), by_kind=by_kind)
 
     @_rpc
@@ -448,10 +447,6 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 )
             )
         return response
-
-
-def _with_kinds(flt: PointFilter, kinds: tuple[str, ...]) -> PointFilter:
-    return replace(flt, kinds=kinds)
 
 
 def _ids(raw_ids: Sequence[str]) -> list[tuple[str, str | None]]:

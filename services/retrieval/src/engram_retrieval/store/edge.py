@@ -249,7 +249,18 @@ class EdgeStore:
             ]
         )
         results = await self._shard_call("query_batch", batch)
-        rows = [[stored_point(r, score=float(r.score)) for r in found] for found in results]
+        # A point found by several queries (dense and lexical, several scopes) is
+        # converted once; its rows share the payload and the vector.
+        converted: dict[str, StoredPoint] = {}
+
+        def row_point(record: Any) -> StoredPoint:
+            point_id = str(record.id)
+            base = converted.get(point_id)
+            if base is None:
+                base = converted[point_id] = stored_point(record)
+            return StoredPoint(point_id, base.payload, base.vector, score=float(record.score))
+
+        rows = [[row_point(r) for r in found] for found in results]
         return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse))
 
     async def retrieve(

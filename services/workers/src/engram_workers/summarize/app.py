@@ -316,24 +316,24 @@ async def _chat_models(
 async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
     settings, memories = _settings(delivery), delivery.memories
     tenant = event.tenant
+    # Most turns close no window: found out without the lock (a stale anchor only
+    # counts more turns, so it can never hide a window that closes).
+    if delivery.attempt == 1 and not await _window_may_close(
+        delivery, event, await _recent_episodes(delivery, event), settings.episode_turns
+    ):
+        return
     async with _conversation_lock(delivery, "episodes", event):
-        recent = await memories.list_page(
-            tenant, _scope(event, "episode", current_only=False), page_size=ANCHOR_PAGE
-        )
+        recent = await _recent_episodes(delivery, event)
         if delivery.attempt > 1:
-            for episode in recent.records:
+            for episode in recent:
                 if episode.metadata.get("trigger_event_id") == event.event_id:
                     await delivery.worker.publish(
                         lifecycle.change(tenant, episode, "created", cause="summarize:episode")
                     )
-        anchor = core.anchor_of(recent.records)
-        turns_scope = _scope(event, "turn", current_only=False)
-        if delivery.attempt == 1 and not await _window_may_close(
-            delivery, tenant, turns_scope, anchor, settings.episode_turns
-        ):
-            return
+        anchor = core.anchor_of(recent)
         # Newest first: only the uncovered tail of the conversation is read.
         tail: list[MemoryRecord] = []
+        turns_scope = _scope(event, "turn", current_only=False)
         async for turn in memories.iter_list(tenant, turns_scope, page_size=LIST_PAGE):
             if (
                 anchor.boundary is not None
@@ -347,14 +347,24 @@ async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
             await _write_episode(delivery, event, window, first)
 
 
+async def _recent_episodes(delivery: Delivery, event: MemoryChanged) -> list[MemoryRecord]:
+    page = await delivery.memories.list_page(
+        event.tenant, _scope(event, "episode", current_only=False), page_size=ANCHOR_PAGE
+    )
+    return page.records
+
+
 async def _window_may_close(
-    delivery: Delivery, tenant: str, turns: MemoryFilter, anchor: core.Anchor, size: int
+    delivery: Delivery, event: MemoryChanged, episodes: list[MemoryRecord], size: int
 ) -> bool:
-    """Whether more than ``size`` turns may be uncovered: the turns from the anchor's
-    newest covered turn on, counted (an upper bound of the uncovered ones), which is far
-    cheaper than reading them. Most turns close no window and stop here."""
-    since = replace(turns, created_after=anchor.boundary)
-    counted = await delivery.memories.count(tenant, since)
+    """Whether more than ``size`` turns may be uncovered: the turns from the newest
+    episode's newest covered turn on, counted (an upper bound of the uncovered ones),
+    which is far cheaper than reading them."""
+    since = replace(
+        _scope(event, "turn", current_only=False),
+        created_after=core.anchor_of(episodes).boundary,
+    )
+    counted = await delivery.memories.count(event.tenant, since)
     return counted.total > size
 
 
