@@ -70,12 +70,12 @@ async def test_waiters_in_one_process_queue_locally_not_on_the_bucket(nats_url) 
         attempts = 0
         create = locks._kv.create
 
-        async def counted_create(*args, **kwargs):  # type: ignore[no-untyped-def]
+        async def counted_create(*args, **kwargs):
             nonlocal attempts
             attempts += 1
             return await create(*args, **kwargs)
 
-        locks._kv.create = counted_create  # type: ignore[method-assign]
+        locks._kv.create = counted_create
         order: list[int] = []
 
         async def work(i: int) -> None:
