@@ -148,7 +148,7 @@ def quick_settings(nats_url: str, retrieval_address: str = "") -> dict[str, Any]
 class RunningWorker:
     """One worker serving in a task of the test's event loop until ``stop`` is set."""
 
-    worker: Worker[Any]
+    worker: Worker[Any, Any, Any]
     stop: asyncio.Event
     task: asyncio.Task[None]
 

@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import Field
 
@@ -64,9 +63,14 @@ class EvictSettings(WorkerSettings, LockSettingsMixin):
     )
 
 
+EvictDelivery = Delivery[EvictSettings, KeyLocks]
+
+
 @asynccontextmanager
-async def open_resources(worker: Worker[Any]) -> AsyncIterator[KeyLocks]:
-    settings: EvictSettings = worker.settings  # type: ignore[assignment]
+async def open_resources(
+    worker: Worker[MemoryChanged, EvictSettings, KeyLocks],
+) -> AsyncIterator[KeyLocks]:
+    settings = worker.settings
     async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
         yield locks
 
@@ -116,11 +120,11 @@ def evicted_event(tenant: str, memory: MemoryRecord) -> MemoryChanged:
     return lifecycle.change(tenant, memory, "evicted", cause="evict")
 
 
-async def evict(event: MemoryChanged, delivery: Delivery) -> None:
+async def evict(event: MemoryChanged, delivery: EvictDelivery) -> None:
     if event.op != "created":
         return
-    settings: EvictSettings = delivery.worker.settings  # type: ignore[assignment]
-    locks: KeyLocks = delivery.resources
+    settings = delivery.settings
+    locks = delivery.resources
     try:
         async with locks.hold("evict", event.tenant, event.user_id, event.conversation_id):
             await _enforce_limit(delivery, event, settings.max_entries)
@@ -128,7 +132,7 @@ async def evict(event: MemoryChanged, delivery: Delivery) -> None:
         raise RetryableError(f"evict lock: {exc}") from exc
 
 
-async def _enforce_limit(delivery: Delivery, event: MemoryChanged, max_entries: int) -> None:
+async def _enforce_limit(delivery: EvictDelivery, event: MemoryChanged, max_entries: int) -> None:
     tenant, memories = event.tenant, delivery.memories
     scope = MemoryFilter(
         user_id=event.user_id,

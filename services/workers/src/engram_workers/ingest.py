@@ -25,7 +25,6 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field
 
@@ -92,9 +91,14 @@ class IngestResources:
     statuses: EventStatusStore | None = None  # followed events (POST /v1/memories/add)
 
 
+IngestDelivery = Delivery[IngestSettings, IngestResources]
+
+
 @asynccontextmanager
-async def ingest_resources(worker: Worker[Any]) -> AsyncIterator[IngestResources]:
-    settings: IngestSettings = worker.settings  # type: ignore[assignment]
+async def ingest_resources(
+    worker: Worker[TurnPersisted, IngestSettings, IngestResources],
+) -> AsyncIterator[IngestResources]:
+    settings = worker.settings
     llm = LlmClient(settings) if settings.extraction_enabled else None
     try:
         async with EventStatusStore.connect(
@@ -133,7 +137,7 @@ def turn_memory(event: TurnPersisted) -> MemoryRecord:
     )
 
 
-def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: Delivery) -> bool:
+def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: IngestDelivery) -> bool:
     """A turn already stored as it is now, seen again in a new message: nothing to do.
     A redelivery of the same message is not a repeat (the first delivery may have
     stopped half-way), nor is a re-extraction, nor a replay of its dead letter (the
@@ -142,8 +146,8 @@ def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: Deliv
     return stored is not None and stored.text == event.text and not again
 
 
-async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
-    resources: IngestResources | None = delivery.resources
+async def index_turn(event: TurnPersisted, delivery: IngestDelivery) -> None:
+    resources = delivery.resources
     if not event.text.strip():
         # Nothing to search for; a tool-call-only assistant turn, for example.
         log.info("turn.skipped", reason="empty text", turn_id=event.turn_id, role=event.role)
@@ -173,7 +177,7 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
         await delivery.worker.publish(announcement)
     if event.role != "user":
         await record_status(event, resources)
-    elif resources is None or resources.llm is None:
+    elif resources.llm is None:
         await record_status(event, resources, skipped=EXTRACTION_DISABLED)
     else:
         await extract_and_propose(event, memory.id, delivery, resources)
@@ -181,7 +185,7 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
 
 async def record_status(
     event: TurnPersisted,
-    resources: IngestResources | None,
+    resources: IngestResources,
     *,
     follow_up: str = "",
     skipped: str = "",
@@ -190,7 +194,7 @@ async def record_status(
     ``follow_up``. Unfollowed turns (chats) cost one KV read. Best effort: a status
     store that stays unreachable (retried for ``ENGRAM_PUBLISH_RETRY_S``) never holds
     back or drops the facts; the followed turn then stays pending."""
-    statuses = resources.statuses if resources is not None else None
+    statuses = resources.statuses
     if statuses is None:
         return
     await record_event_status(
@@ -199,12 +203,12 @@ async def record_status(
         event.event_id,
         follow_up=follow_up,
         skipped=skipped,
-        budget_s=resources.settings.retry_policy.publish_retry_s if resources else 0.0,
+        budget_s=resources.settings.retry_policy.publish_retry_s,
     )
 
 
 async def extract_and_propose(
-    event: TurnPersisted, memory_id: str, delivery: Delivery, resources: IngestResources
+    event: TurnPersisted, memory_id: str, delivery: IngestDelivery, resources: IngestResources
 ) -> None:
     """Extract facts from a user turn and publish them for reconcile; the turn is
     indexed already, so a retry (LLM unavailable) only repeats this part in effect."""

@@ -29,7 +29,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field
 
@@ -120,9 +119,14 @@ class ReconcileResources:
     statuses: EventStatusStore | None = None  # followed events (POST /v1/memories/add)
 
 
+ReconcileDelivery = Delivery[ReconcileSettings, ReconcileResources]
+
+
 @asynccontextmanager
-async def reconcile_resources(worker: Worker[Any]) -> AsyncIterator[ReconcileResources]:
-    settings: ReconcileSettings = worker.settings  # type: ignore[assignment]
+async def reconcile_resources(
+    worker: Worker[FactProposed, ReconcileSettings, ReconcileResources],
+) -> AsyncIterator[ReconcileResources]:
+    settings = worker.settings
     llm = LlmClient(settings)
     try:
         async with (
@@ -174,7 +178,7 @@ class Reconciler:
     """Reconciles one proposal; the caller holds the locks."""
 
     def __init__(
-        self, proposal: FactProposed, delivery: Delivery, resources: ReconcileResources
+        self, proposal: FactProposed, delivery: ReconcileDelivery, resources: ReconcileResources
     ) -> None:
         self.proposal = proposal
         self.delivery = delivery
@@ -302,8 +306,8 @@ class Reconciler:
             log.info("profile.kept", reason=reason)
 
 
-async def reconcile_facts(event: FactProposed, delivery: Delivery) -> None:
-    resources: ReconcileResources = delivery.resources
+async def reconcile_facts(event: FactProposed, delivery: ReconcileDelivery) -> None:
+    resources = delivery.resources
     locks = resources.locks
     try:
         async with AsyncExitStack() as stack:

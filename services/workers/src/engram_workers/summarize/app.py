@@ -110,9 +110,14 @@ class SummarizeResources:
     locks: KeyLocks
 
 
+SummarizeDelivery = Delivery[SummarizeSettings, SummarizeResources]
+
+
 @asynccontextmanager
-async def open_resources(worker: Worker[Any]) -> AsyncIterator[SummarizeResources]:
-    settings: SummarizeSettings = worker.settings  # type: ignore[assignment]
+async def open_resources(
+    worker: Worker[MemoryChanged, SummarizeSettings, SummarizeResources],
+) -> AsyncIterator[SummarizeResources]:
+    settings = worker.settings
     llm = LlmClient(settings)
     try:
         async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
@@ -124,7 +129,7 @@ async def open_resources(worker: Worker[Any]) -> AsyncIterator[SummarizeResource
 # --- the handler -------------------------------------------------------------------------
 
 
-async def summarize(event: MemoryChanged, delivery: Delivery) -> None:
+async def summarize(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     kind, op = event.memory.kind, event.op
     # Summaries and episodes are our own writes coming back; profile entries are
     # recalled on their own and do not feed the summary.
@@ -136,16 +141,15 @@ async def summarize(event: MemoryChanged, delivery: Delivery) -> None:
         await update_episodes(event, delivery)
 
 
-def _settings(delivery: Delivery) -> SummarizeSettings:
-    settings: SummarizeSettings = delivery.worker.settings  # type: ignore[assignment]
-    return settings
+def _settings(delivery: SummarizeDelivery) -> SummarizeSettings:
+    return delivery.settings
 
 
 @asynccontextmanager
 async def _conversation_lock(
-    delivery: Delivery, job: str, event: MemoryChanged
+    delivery: SummarizeDelivery, job: str, event: MemoryChanged
 ) -> AsyncIterator[None]:
-    resources: SummarizeResources = delivery.resources
+    resources = delivery.resources
     key = ("summarize", job, event.tenant, event.user_id, event.conversation_id)
     try:
         async with resources.locks.hold(*key):
@@ -155,7 +159,12 @@ async def _conversation_lock(
 
 
 async def _ask_model(
-    delivery: Delivery, *, task: str, instructions: str, payload: dict[str, Any], models: list[str]
+    delivery: SummarizeDelivery,
+    *,
+    task: str,
+    instructions: str,
+    payload: dict[str, Any],
+    models: list[str],
 ) -> tuple[str | None, str]:
     """(summary, model) from the LLM, or (None, reason) when the rule-based fallback applies.
 
@@ -185,7 +194,9 @@ async def _ask_model(
     return text, model
 
 
-async def _write(delivery: Delivery, tenant: str, record: MemoryRecord, cause: str) -> None:
+async def _write(
+    delivery: SummarizeDelivery, tenant: str, record: MemoryRecord, cause: str
+) -> None:
     (announcement,) = await apply(delivery.memories, tenant, [Change(record, "created", cause)])
     await delivery.worker.publish(announcement)
 
@@ -202,7 +213,7 @@ def _scope(event: MemoryChanged, *kinds: MemoryKindName, current_only: bool = Tr
     )
 
 
-async def fold_facts(event: MemoryChanged, delivery: Delivery) -> None:
+async def fold_facts(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     settings, memories = _settings(delivery), delivery.memories
     tenant = event.tenant
     fact_id = event.memory.id
@@ -265,7 +276,7 @@ async def fold_facts(event: MemoryChanged, delivery: Delivery) -> None:
         )
 
 
-async def drop_superseded(event: MemoryChanged, delivery: Delivery) -> None:
+async def drop_superseded(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     """Take a superseded (or user-deleted) fact's sentences out of the summary where it
     holds them word for word (the rule-based fallback appends facts verbatim); a
     model-written summary is corrected by the next fold, which sees the new fact. A
@@ -294,7 +305,7 @@ async def drop_superseded(event: MemoryChanged, delivery: Delivery) -> None:
 
 
 async def _chat_models(
-    delivery: Delivery, event: MemoryChanged, facts: Sequence[MemoryRecord]
+    delivery: SummarizeDelivery, event: MemoryChanged, facts: Sequence[MemoryRecord]
 ) -> list[str]:
     """The chat models of the turns the facts came from: the model to use when none is
     configured (ingest records it on each turn, as reconcile does not on facts)."""
@@ -313,7 +324,7 @@ async def _chat_models(
 # --- episodes ------------------------------------------------------------------------------
 
 
-async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
+async def update_episodes(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     settings, memories = _settings(delivery), delivery.memories
     tenant = event.tenant
     async with _conversation_lock(delivery, "episodes", event):
@@ -344,7 +355,7 @@ async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
 
 
 async def _write_episode(
-    delivery: Delivery, event: MemoryChanged, window: list[MemoryRecord], first: int
+    delivery: SummarizeDelivery, event: MemoryChanged, window: list[MemoryRecord], first: int
 ) -> None:
     settings = _settings(delivery)
     last = first + len(window) - 1
