@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from engram_cli.stack import Stack
@@ -56,7 +56,7 @@ class Memory:
         }
         if self.user:
             body["user"] = self.user
-        async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
+        async with httpx2.AsyncClient(base_url=self.base, timeout=30) as http:
             reply = await http.post("/chat/completions", json=body)
         assert reply.status_code == 200, reply.text
         return reply.json()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import nats
 import numpy as np
 
@@ -100,7 +100,7 @@ async def _drive(
     base = f"{settings.local_gateway_url}/v1"
     failures = 0
 
-    async def chat(http: httpx.AsyncClient, i: int) -> None:
+    async def chat(http: httpx2.AsyncClient, i: int) -> None:
         nonlocal failures
         reply = await http.post(
             "/chat/completions",
@@ -113,9 +113,9 @@ async def _drive(
         if reply.status_code != 200:
             failures += 1
 
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    limits = httpx2.Limits(max_connections=256, max_keepalive_connections=256)
     chat_rate = rate / 2
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
+    async with httpx2.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
         started = time.perf_counter()
         in_flight: list[asyncio.Task[None]] = []
         with ProgressBar("sending chats", chats) as bar:

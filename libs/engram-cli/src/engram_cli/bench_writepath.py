@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import nats
 
 from engram_cli.bench_common import percentiles
@@ -112,7 +112,7 @@ async def _drive(
     nc = await nats.connect(servers=parse_nats_urls(settings.nats_url))
     await nc.subscribe("engram.memory.changed.v1", cb=on_change)
     base = f"{settings.local_gateway_url}/v1"
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with httpx2.AsyncClient(base_url=base, timeout=60) as http:
         with ProgressBar("chatting", turns) as bar:
             for i in range(turns):
                 token = f"wpb{i:05d}"

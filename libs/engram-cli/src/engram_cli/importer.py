@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import grpc
-import httpx
+import httpx2
 from faststream.nats import NatsBroker
 
 from engram_cli.cli_common import (
@@ -420,7 +420,7 @@ class HttpSender(Sender):
         self.base = settings.gateway_url.rstrip("/")
         self.model = model
         self.event_ids: list[str] = []
-        self.client = httpx.AsyncClient(
+        self.client = httpx2.AsyncClient(
             base_url=self.base, headers=auth_headers(settings), timeout=60.0
         )
 
@@ -441,7 +441,7 @@ class HttpSender(Sender):
                 # Fixes the event (and turn) ids: a re-sent unit is de-duplicated.
                 headers={"X-Request-Id": f"import-{unit.key[:40]}"},
             )
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise CommandError(f"gateway at {self.base} unreachable: {exc}") from None
         if response.status_code != 202:
             raise CommandError(f"{unit.where}: the gateway refused it: {api_error(response)}")

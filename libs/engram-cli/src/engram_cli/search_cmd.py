@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 import grpc
-import httpx
+import httpx2
 from google.protobuf.json_format import MessageToDict
 
 from engram_cli.cli_common import (
@@ -60,10 +60,10 @@ async def search_http(settings: CliSettings, args: argparse.Namespace) -> dict[s
     if args.threshold is not None:
         body["memory_score_threshold"] = args.threshold
     url = settings.gateway_url.rstrip("/")
-    async with httpx.AsyncClient(base_url=url, headers=auth_headers(settings), timeout=30) as http:
+    async with httpx2.AsyncClient(base_url=url, headers=auth_headers(settings), timeout=30) as http:
         try:
             response = await http.post("/v1/memories/search", json=body)
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise CommandError(f"gateway at {url} unreachable: {exc}") from None
     if response.status_code != 200:
         raise CommandError(api_error(response))

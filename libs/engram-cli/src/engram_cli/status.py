@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from urllib.parse import urlparse
 
 import grpc
-import httpx
+import httpx2
 
 from engram_cli.cli_common import (
     WORKERS,
@@ -44,10 +44,10 @@ from engram_core.settings import parse_nats_urls
 TIMEOUT_S = 2.0
 
 
-async def _http_ready(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+async def _http_ready(http: httpx2.AsyncClient, url: str) -> dict[str, Any]:
     try:
         response = await http.get(url)
-    except httpx.HTTPError as exc:
+    except httpx2.HTTPError as exc:
         return {"status": "unreachable", "url": url, "error": type(exc).__name__}
     status = "ready" if response.status_code == 200 else "not ready"
     entry: dict[str, Any] = {"status": status, "url": url}
@@ -131,7 +131,7 @@ async def _counts(client: RetrievalClient, tenant: str) -> dict[str, Any]:
 async def collect_status(settings: CliSettings, tenant: str) -> dict[str, Any]:
     client = RetrievalClient(settings.retrieval_address, timeout_s=TIMEOUT_S)
     gateway = settings.gateway_url.rstrip("/")
-    async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+    async with httpx2.AsyncClient(timeout=TIMEOUT_S) as http:
         try:
             worker_urls = {
                 w: f"http://127.0.0.1:{port}/readyz"

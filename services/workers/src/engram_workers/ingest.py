@@ -35,17 +35,9 @@ from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.memory_writes import Change, apply
 from engram_workers import extraction
-from engram_workers.llm import (
-    LlmClient,
-    LlmOutputError,
-    LlmRequestError,
-    LlmSettingsMixin,
-    LlmUnavailable,
-)
+from engram_workers.llm import AskLlm, FellBack, LlmClient, LlmSettingsMixin
 from engram_workers.runtime import (
     Delivery,
-    PermanentError,
-    RetryableError,
     Worker,
     WorkerSettings,
     WorkerSpec,
@@ -57,10 +49,8 @@ log = get_logger(__name__)
 #: Fixed forever: changing it would give every stored turn a new id.
 TURN_ID_NAMESPACE = uuid.UUID("6f1d3c52-8a57-4f55-9a0e-2f1e8a5b7c31")
 
-NO_MODEL = (
-    "no model configured for extraction: set ENGRAM_LLM_MODEL (or ENGRAM_EXTRACTION_MODEL), "
-    "or send `model`; then `engram reextract` learns from the stored turns"
-)
+#: Appended to the reason a followed turn was skipped for: nothing is lost.
+REEXTRACT_HINT = "the turn is stored; `engram reextract` learns from it later"
 EXTRACTION_DISABLED = "extraction is disabled (ENGRAM_EXTRACTION_ENABLED=false)"
 
 
@@ -73,8 +63,8 @@ class IngestSettings(WorkerSettings, LlmSettingsMixin):
     )
     extraction_model: str = Field(
         default="",
-        description="Model for fact extraction; empty: the turn's chat model, then "
-        "ENGRAM_LLM_MODEL.",
+        description="Model for fact extraction; empty: ENGRAM_LLM_MODEL, then the turn's "
+        "chat model.",
     )
     extraction_context_turns: int = Field(
         default=4,
@@ -215,31 +205,22 @@ async def extract_and_propose(
     llm = resources.llm
     assert llm is not None
     settings = resources.settings
-    model = settings.extraction_model or event.model or llm.default_model
-    if not model:
-        log.warning("extraction.skipped", reason="no model configured", memory_id=memory_id)
-        await record_status(event, resources, skipped=NO_MODEL)
-        return
     context = await extraction.recent_context(
         delivery.memories, event, memory_id, settings.extraction_context_turns
     )
-    try:
-        facts, profile = await extraction.extract(
-            llm, model=model, message=event.text, date=event.created_at, context=context
-        )
-    except LlmUnavailable as exc:
-        raise RetryableError(f"extraction: {exc}") from exc
-    except LlmOutputError as exc:
-        # The client already re-asked; the raw turn stays searchable.
-        log.warning("extraction.gave_up", memory_id=memory_id, model=model, error=str(exc))
-        await record_status(
-            event, resources, skipped=f"the model's answer was unusable ({model}): {exc}"
-        )
+    ask = AskLlm(
+        llm,
+        task_model=settings.extraction_model,
+        chat_models=(event.model,),
+        last_chance=delivery.last_chance,
+    )
+    extracted = await extraction.extract(
+        ask, message=event.text, date=event.created_at, context=context
+    )
+    if isinstance(extracted, FellBack):
+        await record_status(event, resources, skipped=f"{extracted.reason}; {REEXTRACT_HINT}")
         return
-    except LlmRequestError as exc:
-        # A refused request (bad key, unknown model) will not pass next time either:
-        # dead-letter so the turn can be re-driven once the configuration is fixed.
-        raise PermanentError(f"extraction: {exc}") from exc
+    facts, profile = extracted.facts, extracted.profile
     log.info("extraction.done", memory_id=memory_id, facts=len(facts), profile=len(profile))
     if not facts and not profile:
         await record_status(event, resources)
