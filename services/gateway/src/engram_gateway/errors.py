@@ -130,7 +130,7 @@ async def _retrieval_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RetrievalError)
     status = exc.http_status
     if status == 503:
-        log.warning("retrieval call failed", call=exc.call, code=exc.code.name)
+        log.warning("retrieval.call_failed", call=exc.call, code=exc.code.name)
         return error_response(
             503,
             f"The memory store is unavailable ({exc.call}: {exc.code.name}); retry later.",

@@ -45,7 +45,7 @@ from engram_retrieval.store import (
     StoreError,
 )
 
-log = get_logger("engram.retrieval")
+log = get_logger(__name__)
 
 _KINDS: dict[int, MemoryKindName] = {
     pb.MEMORY_KIND_TURN: "turn",
@@ -107,14 +107,14 @@ def _rpc(
             code = exc.code if isinstance(exc, RequestError) else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, exc.message)
         except StoreError as exc:
-            log.error("store unavailable", rpc=fn.__name__, error=str(exc))
+            log.error("store.unavailable", rpc=fn.__name__, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
         except Exception as exc:
             if _disk_full(exc):
                 # Callers retry UNAVAILABLE until space is freed (nothing is dead-lettered).
-                log.error("store disk full", rpc=fn.__name__, error=str(exc))
+                log.error("store.disk_full", rpc=fn.__name__, error=str(exc))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store: disk full")
-            log.exception("rpc failed", rpc=fn.__name__)
+            log.exception("rpc.failed", rpc=fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__} failed")
         raise AssertionError("unreachable: context.abort raises")
 
@@ -256,7 +256,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             response.summary.CopyFrom(payload_to_memory(ranked.summary.id, ranked.summary.payload))
         response.profile.extend(payload_to_memory(p.id, p.payload) for p in ranked.profile)
         log.debug(
-            "search",
+            "search.served",
             tenant=request.tenant,
             outcome=ranked.outcome,
             hits=len(ranked.hits),
@@ -344,7 +344,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 f"ids already exist: {', '.join(exc.ids)}", grpc.StatusCode.ALREADY_EXISTS
             ) from exc
         log.debug(
-            "upsert",
+            "upsert.applied",
             tenant=tenant,
             created=sum(r.status == pb.UPSERT_STATUS_CREATED for r in results),
             updated=sum(r.status == pb.UPSERT_STATUS_UPDATED for r in results),
