@@ -368,7 +368,7 @@ def _chat_model(matrix: Matrix, scope: Scope) -> ChatOpenAI:
     return ChatOpenAI(
         model=MODEL,
         base_url=matrix.base_url,
-        api_key="sk-matrix",  # type: ignore[arg-type]
+        api_key="sk-matrix",
         max_retries=0,
         model_kwargs={"user": scope.user},
         extra_body={"memory_id": scope.conversation},

@@ -121,7 +121,7 @@ async def test_second_chat_recalls_the_first(
     )
 
 
-async def _at_least(awaitable, n: int) -> bool:  # type: ignore[no-untyped-def]
+async def _at_least(awaitable, n: int) -> bool:
     return (await awaitable) >= n
 
 

@@ -253,7 +253,7 @@ async def test_eviction_keeps_a_conversation_under_max_entries(
         upstream.stop()
 
 
-async def _equals(awaitable, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _equals(awaitable, expected) -> bool:
     return (await awaitable) == expected
 
 

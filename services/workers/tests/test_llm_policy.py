@@ -48,7 +48,7 @@ def reconcile_input() -> prompts.ReconcileInput:
 
 
 def ask_with(client: FakeClient, **policy: Any) -> AskLlm:
-    return AskLlm(client, **policy)  # type: ignore[arg-type]  # a fake client
+    return AskLlm(client, **policy)
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,9 @@ import numpy as np
 
 from engram_cli.bench_common import percentiles
 from engram_cli.bench_writepath import bench_stack
+from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
-from engram_cli.stack import WORKERS, StackSettings
+from engram_cli.stack import StackSettings
 from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
@@ -228,7 +229,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     return 0 if result["indexed"] == result["turns"] and not result["failed_chats"] else 1
 
 
-def add_pipeline_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_pipeline_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     bench = kinds.add_parser("pipeline", help="gateway → JetStream → ingest: lag and throughput")
     bench.add_argument(
         "--turns", type=int, default=1000, help="turns to publish (two per chat: user, reply)"

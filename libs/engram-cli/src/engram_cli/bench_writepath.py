@@ -28,10 +28,11 @@ import httpx2
 import nats
 
 from engram_cli.bench_common import percentiles
+from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.nats_server import free_port, free_port_block
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
-from engram_cli.stack import WORKERS, Stack, StackSettings
+from engram_cli.stack import Stack, StackSettings
 from engram_core.events import MemoryChanged
 from engram_core.settings import parse_nats_urls
 
@@ -200,7 +201,10 @@ def _cmd_write_path(args: argparse.Namespace) -> int:
     return 0 if result["completed"]["fact"] == args.turns else 1
 
 
-def add_write_path_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_write_path_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     bench = kinds.add_parser("write-path", help="publish -> indexed turn -> reconciled fact")
     bench.add_argument("--turns", type=int, default=100, help="chats to send")
     bench.add_argument("--conversations", type=int, default=5, help="spread over this many")

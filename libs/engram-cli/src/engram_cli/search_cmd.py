@@ -67,7 +67,8 @@ async def search_http(settings: CliSettings, args: argparse.Namespace) -> dict[s
             raise CommandError(f"gateway at {url} unreachable: {exc}") from None
     if response.status_code != 200:
         raise CommandError(api_error(response))
-    return response.json()
+    result: dict[str, Any] = response.json()
+    return result
 
 
 async def search_grpc(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:

@@ -63,7 +63,9 @@ def _grpc_serving(address: str) -> Callable[[], bool]:
 
         with grpc.insecure_channel(address) as channel:
             try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
+                stub = health_pb2_grpc.HealthStub(channel)
+                # types-grpcio-health-checking declares HealthStub without its methods.
+                reply: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
                     health_pb2.HealthCheckRequest(service=""), timeout=1.0
                 )
             except grpc.RpcError:

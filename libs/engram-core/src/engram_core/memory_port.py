@@ -73,7 +73,7 @@ _STATUSES = {
     pb.UPSERT_STATUS_UPDATED: UpsertStatus.UPDATED,
     pb.UPSERT_STATUS_UNCHANGED: UpsertStatus.UNCHANGED,
 }
-_SCOPES: dict[int, ScopeName] = {
+_SCOPES: dict[pb.Scope, ScopeName] = {
     pb.SCOPE_CONVERSATION: "conversation",
     pb.SCOPE_USER: "user",
     pb.SCOPE_GLOBAL: "global",

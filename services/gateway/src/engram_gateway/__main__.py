@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 
@@ -55,7 +56,7 @@ def main() -> None:
                 port=settings.gateway_port,
                 log_config=None,  # keep the structlog handlers configure_logging installed
                 lifespan="on",
-                timeout_graceful_shutdown=settings.gateway_publish_drain_s + 5,
+                timeout_graceful_shutdown=math.ceil(settings.gateway_publish_drain_s) + 5,
             )
         )
         server.run()

@@ -75,7 +75,10 @@ def create_app(
 
             http = make_http_client(settings)
             stack.push_async_callback(http.aclose)
-            HTTPX2ClientInstrumentor.instrument_client(http, tracer_provider=tracer_provider)
+            HTTPX2ClientInstrumentor.instrument_client(
+                http,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
+                tracer_provider=tracer_provider,
+            )
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
@@ -150,6 +153,7 @@ def create_app(
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )
+    # FastAPI's documented way to customise the schema is replacing this method.
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

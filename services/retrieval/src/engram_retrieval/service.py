@@ -15,14 +15,14 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 
 from engram_core import semconv
 from engram_core.logging import get_logger
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, ScopeName, SearchQuery
-from engram_core.proto import KIND_NAMES, from_timestamp, pb, pb_grpc, to_timestamp
+from engram_core.proto import KIND_NAMES, from_timestamp, kind_name, pb, pb_grpc, to_timestamp
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.payload import (
     build_payload,
@@ -61,14 +61,14 @@ MAX_IDS = 1000
 DEFAULT_SCOPES_LIMIT = 100
 MAX_SCOPES_LIMIT = 1000
 
-_OUTCOMES: dict[OutcomeName, int] = {
+_OUTCOMES: dict[OutcomeName, pb.SearchOutcome] = {
     "ranked": pb.SEARCH_OUTCOME_RANKED,
     "small_store": pb.SEARCH_OUTCOME_SMALL_STORE,
     "nothing_relevant": pb.SEARCH_OUTCOME_NOTHING_RELEVANT,
     "empty": pb.SEARCH_OUTCOME_EMPTY,
     "overview": pb.SEARCH_OUTCOME_OVERVIEW,
 }
-_SCOPES: dict[int, ScopeName] = {
+_SCOPES: dict[pb.Scope, ScopeName] = {
     pb.SCOPE_CONVERSATION: "conversation",
     pb.SCOPE_USER: "user",
     pb.SCOPE_GLOBAL: "global",
@@ -130,9 +130,10 @@ def _require_tenant(tenant: str) -> str:
 def _kind_names(kinds: Sequence[int], default: Sequence[str], field: str) -> tuple[str, ...]:
     names = []
     for kind in kinds:
-        if kind not in KIND_NAMES:
+        name = kind_name(kind)
+        if name == "unspecified":
             raise RequestError(f"{field}: unknown memory kind {kind}")
-        names.append(KIND_NAMES[kind])
+        names.append(name)
     return tuple(dict.fromkeys(names)) if names else tuple(default)
 
 
@@ -198,17 +199,18 @@ def _filter_from(
         source_ids=tuple(flt.source_ids),
         role=flt.role or None,
         include_superseded=flt.include_superseded,
-        **_created_bounds(flt),
+        created_after=_created_bound(flt, "created_after"),
+        created_before=_created_bound(flt, "created_before"),
     )
 
 
-def _created_bounds(flt: pb.MemoryFilter) -> dict[str, str]:
-    """``created_after``/``created_before`` as the payload's timestamps (only those set)."""
-    bounds = {}
-    for name in ("created_after", "created_before"):
-        if flt.HasField(name):
-            bounds[name] = format_ts(getattr(flt, name).ToDatetime(tzinfo=UTC))
-    return bounds
+def _created_bound(
+    flt: pb.MemoryFilter, name: Literal["created_after", "created_before"]
+) -> str | None:
+    """A ``created_at`` bound as the payload's timestamps, or None when not set."""
+    if not flt.HasField(name):
+        return None
+    return format_ts(getattr(flt, name).ToDatetime(tzinfo=UTC))
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
@@ -457,9 +459,9 @@ def _ids(raw_ids: Sequence[str]) -> list[tuple[str, str | None]]:
     return list(dict.fromkeys((raw, normalize_id(raw)) for raw in raw_ids))
 
 
-def _result(point_id: str, status: int, payload: dict[str, Any]) -> pb.UpsertResult:
+def _result(point_id: str, status: pb.UpsertStatus, payload: dict[str, Any]) -> pb.UpsertResult:
     """The outcome of one memory, with the stored timestamps."""
-    result = pb.UpsertResult(id=point_id, status=status)  # type: ignore[arg-type]
+    result = pb.UpsertResult(id=point_id, status=status)
     result.created_at.CopyFrom(to_timestamp(parse_ts(payload["created_at"])))
     result.updated_at.CopyFrom(to_timestamp(parse_ts(payload["updated_at"])))
     return result

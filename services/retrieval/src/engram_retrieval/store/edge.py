@@ -271,7 +271,11 @@ class EdgeStore:
             return {}
         request = QueryRequest(
             limit=len(ids),
-            query=Query.Nearest(np.asarray(query_tokens, dtype=np.float32), using=TOKENS_VECTOR),
+            query=Query.Nearest(
+                # annotated as lists; the binding reads a float32 array without a copy
+                np.asarray(query_tokens, dtype=np.float32),  # type: ignore[arg-type]
+                using=TOKENS_VECTOR,
+            ),
             filter=Filter(
                 must=[
                     FieldCondition("tenant", match=MatchValue(tenant)),

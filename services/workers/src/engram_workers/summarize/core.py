@@ -216,7 +216,7 @@ def closed_windows(
     """(first turn number, window) for each window that is complete and closed: a
     window closes once a later turn exists, so a turn indexed a moment late (the turns
     of one exchange are handled concurrently) still lands in its window."""
-    windows = []
+    windows: list[tuple[int, list[MemoryRecord]]] = []
     while len(turns) > size and len(windows) < MAX_WINDOWS_PER_EVENT:
         window, turns = turns[:size], turns[size:]
         windows.append((anchor.last_turn + len(windows) * size + 1, window))
