@@ -60,6 +60,7 @@ from engram_cli.console import ProgressCallback
 from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryChangeOp
+from engram_core.memory_port import classify
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
@@ -511,9 +512,7 @@ class GrpcSender(Sender):
                 pb.UpsertRequest(tenant=self.tenant, memories=memories)
             )
         except grpc.aio.AioRpcError as exc:
-            raise CommandError(
-                f"{unit.where}: Upsert failed: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise CommandError(f"{unit.where}: {classify('Upsert', exc)}") from None
         counts: dict[str, int] = {}
         for memory, result in zip(memories, reply.results, strict=True):
             name = pb.UpsertStatus.Name(result.status).removeprefix("UPSERT_STATUS_").lower()

@@ -21,7 +21,6 @@ from contextlib import AsyncExitStack
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-import grpc
 import httpx2
 
 from engram_cli.cli_common import (
@@ -37,7 +36,8 @@ from engram_cli.console import print_table
 from engram_cli.nats_server import port_is_open
 from engram_core.bus import admin_connection
 from engram_core.events import STREAM_NAME
-from engram_core.proto import pb
+from engram_core.memory import MemoryFilter
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import parse_nats_urls
 
@@ -113,18 +113,17 @@ async def _consumers(nats_url: str) -> dict[str, Any]:
 
 
 async def _counts(client: RetrievalClient, tenant: str) -> dict[str, Any]:
+    memories = MemoryPort(client)
     try:
-        current = await client.count(pb.CountRequest(tenant=tenant))
-        everything = await client.count(
-            pb.CountRequest(tenant=tenant, filter=pb.MemoryFilter(include_superseded=True))
-        )
-    except grpc.aio.AioRpcError as exc:
-        return {"error": f"{exc.code().name}: {exc.details()}"}
+        current = await memories.count(tenant, MemoryFilter())
+        everything = await memories.count(tenant, MemoryFilter(include_superseded=True))
+    except RetrievalError as exc:
+        return {"error": f"{exc.code.name}: {exc.details}"}
     return {
         "tenant": tenant,
-        "current": int(current.count),
-        "by_kind": {k: int(v) for k, v in sorted(current.by_kind.items())},
-        "superseded": int(everything.count - current.count),
+        "current": current.total,
+        "by_kind": dict(sorted(current.by_kind.items())),
+        "superseded": everything.total - current.total,
     }
 
 
