@@ -32,9 +32,10 @@ fmt: install ## format and auto-fix the code
 	$(PY) -m ruff check --fix .
 
 .PHONY: lint
-lint: install ## ruff (lint + format check) and the generated-code check
+lint: install ## ruff (lint + format check), mypy (the types) and the generated-code check
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(MAKE) --no-print-directory proto-check
 
 .PHONY: proto

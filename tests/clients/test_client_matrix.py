@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 from langchain_core.tools import tool
@@ -107,13 +107,13 @@ class Matrix:
 
     def seed(self, scope: Scope) -> None:
         """The one memory every question of this scope should recall; nothing recorded."""
-        created = httpx.post(
+        created = httpx2.post(
             f"{self.base_url}/memories",
             json={"text": FACT, "user": scope.user, "conversation": scope.conversation},
             timeout=30,
         )
         assert created.status_code == 201, created.text
-        httpx.delete(f"{self._recorder}").raise_for_status()
+        httpx2.delete(f"{self._recorder}").raise_for_status()
 
     @property
     def _recorder(self) -> str:
@@ -121,7 +121,7 @@ class Matrix:
 
     def received(self) -> list[dict[str, Any]]:
         """The chat requests that reached the upstream since ``seed``, oldest first."""
-        listed = httpx.get(self._recorder, timeout=10).json()
+        listed = httpx2.get(self._recorder, timeout=10).json()
         return [r for r in listed if r["path"].endswith("/chat/completions")]
 
 
@@ -368,7 +368,7 @@ def _chat_model(matrix: Matrix, scope: Scope) -> ChatOpenAI:
     return ChatOpenAI(
         model=MODEL,
         base_url=matrix.base_url,
-        api_key="sk-matrix",  # type: ignore[arg-type]
+        api_key="sk-matrix",
         max_retries=0,
         model_kwargs={"user": scope.user},
         extra_body={"memory_id": scope.conversation},

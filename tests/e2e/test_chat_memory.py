@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -121,7 +121,7 @@ async def test_second_chat_recalls_the_first(
     )
 
 
-async def _at_least(awaitable, n: int) -> bool:  # type: ignore[no-untyped-def]
+async def _at_least(awaitable, n: int) -> bool:
     return (await awaitable) >= n
 
 
@@ -152,7 +152,7 @@ async def test_streaming_chat_is_relayed_and_its_reply_remembered(
 async def test_bad_input_gets_an_openai_shaped_error(
     stack: Stack, scripted_upstream: ScriptedUpstream
 ) -> None:
-    async with httpx.AsyncClient(base_url=gateway_url(stack)) as http:
+    async with httpx2.AsyncClient(base_url=gateway_url(stack)) as http:
         malformed = await http.post(
             "/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
         )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from engram_cli.stack import Stack
@@ -56,7 +56,7 @@ class Memory:
         }
         if self.user:
             body["user"] = self.user
-        async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
+        async with httpx2.AsyncClient(base_url=self.base, timeout=30) as http:
             reply = await http.post("/chat/completions", json=body)
         assert reply.status_code == 200, reply.text
         return reply.json()
@@ -253,7 +253,7 @@ async def test_eviction_keeps_a_conversation_under_max_entries(
         upstream.stop()
 
 
-async def _equals(awaitable, expected) -> bool:  # type: ignore[no-untyped-def]
+async def _equals(awaitable, expected) -> bool:
     return (await awaitable) == expected
 
 

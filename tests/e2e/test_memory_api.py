@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from engram_cli.stack import Stack
@@ -37,13 +37,13 @@ def keyed_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 @pytest.fixture
-async def http(keyed_stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+async def http(keyed_stack: Stack) -> AsyncIterator[httpx2.AsyncClient]:
     base = f"http://{keyed_stack.settings.gateway_host}:{keyed_stack.settings.gateway_port}"
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+    async with httpx2.AsyncClient(base_url=base, timeout=30) as client:
         yield client
 
 
-async def test_added_text_is_learned_and_reported_applied(http: httpx.AsyncClient) -> None:
+async def test_added_text_is_learned_and_reported_applied(http: httpx2.AsyncClient) -> None:
     added = await http.post(
         "/v1/memories/add",
         json={"text": ["I love tea.", "Hello there!"], "conversation": "e2e-add", "model": "m"},
@@ -68,7 +68,7 @@ async def test_added_text_is_learned_and_reported_applied(http: httpx.AsyncClien
 
 
 async def test_created_then_deleted_memory_is_mirrored_then_tombstoned(
-    http: httpx.AsyncClient, keyed_stack: Stack
+    http: httpx2.AsyncClient, keyed_stack: Stack
 ) -> None:
     created = await http.post(
         "/v1/memories",

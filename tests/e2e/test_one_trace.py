@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 
 from engram_cli.scripted_llm import RuleBasedBrain
@@ -169,7 +169,7 @@ async def test_a_chat_is_one_trace_across_every_process(
 ) -> None:
     scripted_upstream.replies = [RuleBasedBrain("Noted!", "Noted, Anna it is.")]
     conversation = "conv-one-trace"
-    async with httpx.AsyncClient(base_url=gateway_url(stack), timeout=30) as http:
+    async with httpx2.AsyncClient(base_url=gateway_url(stack), timeout=30) as http:
 
         async def chat(text: str) -> None:
             reply = await http.post(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from playwright.async_api import Browser, Page, expect
 
@@ -29,7 +29,7 @@ TIMEOUT_MS = 15_000
 async def seed(stack: TwoTenantStack) -> str:
     """Tenant A: a fact with one earlier version, and neighbours; tenant B: a look-alike."""
     scope = {"user": USER, "conversation": CONVERSATION}
-    async with httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http:
+    async with httpx2.AsyncClient(base_url=stack.base_url, timeout=30) as http:
         a = {"Authorization": f"Bearer {TOOLS_KEY_A}"}
         b = {"Authorization": f"Bearer {TOOLS_KEY_B}"}
         for text in ("User walks to work.", "User's sister lives in Kyoto."):
@@ -156,7 +156,7 @@ async def test_sign_in_search_history_edit_delete(
     await page.get_by_role("button", name="Delete for good").click()
     await expect(page.locator("#status")).to_contain_text("Deleted 3 memories")
     await expect(page.get_by_role("heading", name="Memories")).to_be_visible()
-    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+    async with httpx2.AsyncClient(base_url=base, timeout=30) as http:
         gone = await http.get(
             f"/v1/memories/{memory_id}", headers={"Authorization": f"Bearer {TOOLS_KEY_A}"}
         )
@@ -178,7 +178,7 @@ async def test_phone_width(
     two_tenant_stack: TwoTenantStack, browser: Browser, tmp_path: Path
 ) -> None:
     base = two_tenant_stack.base_url
-    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+    async with httpx2.AsyncClient(base_url=base, timeout=30) as http:
         created = await http.post(
             "/v1/memories",
             json={"text": "User's brother lives in Osaka.", "user": "ui-phone"},

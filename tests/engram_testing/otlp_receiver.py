@@ -42,7 +42,7 @@ class OtlpHttpReceiver:
 
 
 def _service(resource: object) -> str:
-    for attribute in resource.attributes:  # type: ignore[attr-defined]
+    for attribute in resource.attributes:
         if attribute.key == "service.name":
             return str(attribute.value.string_value)
     return ""

@@ -148,12 +148,14 @@ def quick_settings(nats_url: str, retrieval_address: str = "") -> dict[str, Any]
 class RunningWorker:
     """One worker serving in a task of the test's event loop until ``stop`` is set."""
 
-    worker: Worker[Any]
+    worker: Worker[Any, Any, Any]
     stop: asyncio.Event
     task: asyncio.Task[None]
 
     @classmethod
-    async def start(cls, spec: WorkerSpec[Any], settings: WorkerSettings) -> RunningWorker:
+    async def start(
+        cls, spec: WorkerSpec[Any, Any, Any], settings: WorkerSettings
+    ) -> RunningWorker:
         """Start serving and return once the worker consumes (or raise why it could not)."""
         worker = Worker(spec, settings)
         stop = asyncio.Event()
@@ -169,7 +171,9 @@ class RunningWorker:
 
 
 @asynccontextmanager
-async def running_worker(spec: WorkerSpec[Any], settings: WorkerSettings) -> AsyncIterator[Worker]:
+async def running_worker(
+    spec: WorkerSpec[Any, Any, Any], settings: WorkerSettings
+) -> AsyncIterator[Worker[Any, Any, Any]]:
     """One worker in-process, consuming until the block ends (then stopped cleanly)."""
     running = await RunningWorker.start(spec, settings)
     try:
@@ -190,7 +194,9 @@ class WorkerStack:
         """:func:`quick_settings` for this NATS and retrieval."""
         return quick_settings(self.nats_url, self.retrieval_address)
 
-    async def start(self, spec: WorkerSpec[Any], settings: WorkerSettings) -> RunningWorker:
+    async def start(
+        self, spec: WorkerSpec[Any, Any, Any], settings: WorkerSettings
+    ) -> RunningWorker:
         running = await RunningWorker.start(spec, settings)
         self.running.append(running)
         return running

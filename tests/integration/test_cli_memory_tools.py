@@ -213,6 +213,13 @@ async def test_import_grpc_then_export_and_search(
     assert "My dog is called Biscuit." in {line["text"] for line in lines}
     assert lines[0]["created_at"] >= lines[-1]["created_at"]
     assert not exported.with_name("acme.jsonl.partial").exists()
+    assert all(line["embedding_model"] for line in lines)  # the service's, per memory
+    # --user narrows to that user; --user "" to the memories with no user (none here)
+    for user, count in (("alice", 5), ("", 0)):
+        args = ("export", "--tenant", "acme", "--user", user, "-o", str(exported))
+        assert await cli(*args, "--retrieval", retrieval.address) == 0
+        capsys.readouterr()
+        assert len(exported.read_text().splitlines()) == count
 
     # search through gRPC: hits with scores, as a table and as JSON
     search = (

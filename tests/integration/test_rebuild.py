@@ -70,7 +70,7 @@ async def write_mirror(root: Path) -> None:
         ),
     ]
     for op, record in changes:
-        await mirror.apply(MemoryChanged(tenant="acme", op=op, memory=record))  # type: ignore[arg-type]
+        await mirror.apply(MemoryChanged(tenant="acme", op=op, memory=record))
     await mirror.apply(
         MemoryChanged(tenant="other", op="created", memory=rec(OTHER_TENANT_FACT, "I like tea."))
     )

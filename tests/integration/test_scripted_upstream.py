@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import httpx
+import httpx2
 import pytest
 
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
@@ -21,7 +21,7 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 
 def chat(upstream: ScriptedUpstream, text: str) -> None:
-    reply = httpx.post(
+    reply = httpx2.post(
         f"{upstream.base_url}/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": text}]},
         headers={"Authorization": "Bearer sk-secret-123", "X-Custom": "kept"},
@@ -29,8 +29,8 @@ def chat(upstream: ScriptedUpstream, text: str) -> None:
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "Hi."
 
 
-def recorded(upstream: ScriptedUpstream, query: str = "") -> httpx.Response:
-    return httpx.get(f"http://127.0.0.1:{upstream.port}/requests{query}")
+def recorded(upstream: ScriptedUpstream, query: str = "") -> httpx2.Response:
+    return httpx2.get(f"http://127.0.0.1:{upstream.port}/requests{query}")
 
 
 def test_requests_lists_what_was_received_newest_last(upstream: ScriptedUpstream) -> None:
@@ -56,7 +56,7 @@ def test_keep_bounds_the_memory_and_delete_forgets(upstream: ScriptedUpstream) -
         "m3",
         "m4",
     ]
-    assert httpx.delete(f"http://127.0.0.1:{upstream.port}/requests").json() == {"deleted": 3}
+    assert httpx2.delete(f"http://127.0.0.1:{upstream.port}/requests").json() == {"deleted": 3}
     assert recorded(upstream).json() == []
     chat(upstream, "after")  # replies keep coming after the list was cleared
     assert len(recorded(upstream).json()) == 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import pytest
 
@@ -64,8 +64,8 @@ class Engram:
     def openai(self, **options: Any) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=self.base_url, api_key="sk-anything", **options)
 
-    def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, timeout=30)
+    def http(self) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(base_url=self.base_url, timeout=30)
 
     def sent_upstream(self, containing: str) -> list[dict[str, Any]]:
         """The chat requests the upstream received whose last message contains a text."""

@@ -22,7 +22,7 @@ def spans() -> InMemorySpanExporter:
     return InMemorySpanExporter()
 
 
-def tracer_for(exporter: InMemorySpanExporter):  # type: ignore[no-untyped-def]
+def tracer_for(exporter: InMemorySpanExporter):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider.get_tracer("test")

@@ -232,7 +232,7 @@ class GatedUpstream(ScriptedUpstream):
         self.gate = threading.Event()
         self.abandoned = threading.Event()  # the gateway dropped the stream mid-way
 
-    async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
+    async def _stream(self, completion_id: str, created: int, text: str):
         first = True
         try:
             async for piece in super()._stream(completion_id, created, text):

@@ -260,7 +260,7 @@ async def test_a_client_hanging_up_mid_upload_is_one_info_line(
             await conn.close()
         await asyncio.sleep(0.5)
         assert (await gateway.client().post(CHAT, json=GOOD_CHAT)).status_code == 200
-    gone = [line for line in logs if line["event"] == "client went away"]
+    gone = [line for line in logs if line["event"] == "request.client_gone"]
     assert [line["log_level"] for line in gone] == ["info"]  # the chat's; the other never ran
     assert not [line for line in logs if line["log_level"] in ("error", "critical")]
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

@@ -136,7 +136,7 @@ async def test_no_key_or_memory_text_in_logs(
             url = None
             while line := await asyncio.wait_for(process.stderr.readline(), timeout=30):
                 lines.append(line.decode())
-                if json.loads(line).get("event") == "gateway listening":
+                if json.loads(line).get("event") == "gateway.listening":
                     url = json.loads(line)["url"]
                     break
             assert url, lines
@@ -172,7 +172,7 @@ async def test_no_key_or_memory_text_in_logs(
             rest = await asyncio.wait_for(process.stderr.read(), timeout=30)
             await process.wait()
     logs = "".join(lines) + rest.decode()
-    assert '"memory created"' in logs and '"chat request"' in logs  # the requests were logged
-    assert '"API keys configured"' in logs
+    assert '"memory.created"' in logs and '"chat.request"' in logs  # the requests were logged
+    assert '"auth.keys_configured"' in logs
     for secret in (key, "VERY-SECRET", "SECRET-TEXT", "passport", key_hash(key)):
         assert secret not in logs

@@ -36,7 +36,7 @@ async def test_an_unreachable_gateway_is_a_tool_error_naming_it() -> None:
 async def _unreachable_is_named(client: Client, url: str) -> None:
     result = await client.call_tool("search_memory", {"query": "anything"})
     assert result.is_error
-    text = result.content[0].text  # type: ignore[union-attr]
+    text = result.content[0].text
     assert f"cannot reach the Engram gateway at {url}" in text
     with pytest.raises(MCPError, match="cannot reach the Engram gateway"):
         await client.read_resource("engram://users/alice/profile")

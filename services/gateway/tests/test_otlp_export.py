@@ -34,7 +34,7 @@ async def _serve_one_request(env: dict[str, str]) -> None:
         url = None
         while line := await asyncio.wait_for(process.stderr.readline(), timeout=30):
             record = json.loads(line)
-            if record["event"] == "gateway listening":
+            if record["event"] == "gateway.listening":
                 url = record["url"]
                 break
         assert url, "the gateway did not start"

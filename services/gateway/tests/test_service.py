@@ -264,7 +264,7 @@ async def test_console_script_serves_and_stops_cleanly(
             record = json.loads(line)
             records.append(record)
             assert record["service"] == "engram-gateway"
-            if record["event"] == "gateway listening":
+            if record["event"] == "gateway.listening":
                 url = record["url"]
                 break
         assert url and url.startswith("http://127.0.0.1:"), records
@@ -275,7 +275,7 @@ async def test_console_script_serves_and_stops_cleanly(
         rest = await asyncio.wait_for(process.stderr.read(), timeout=20)
         assert await process.wait() == 0
         events = [json.loads(line)["event"] for line in rest.decode().splitlines()]
-        assert "gateway stopped" in events
+        assert "gateway.stopped" in events
     finally:
         if process.returncode is None:
             process.kill()

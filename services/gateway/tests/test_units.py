@@ -290,7 +290,7 @@ def _chat_scope(**change: object) -> TurnScope:
         "prompt": "Where do I like to hike?",
         **change,
     }
-    return TurnScope.chat(**values)  # type: ignore[arg-type]
+    return TurnScope.chat(**values)
 
 
 def test_a_turn_is_identified_by_what_it_is_not_by_the_request() -> None:
@@ -317,7 +317,7 @@ def test_a_turn_is_identified_by_what_it_is_not_by_the_request() -> None:
 
 
 async def test_the_first_stream_event_carries_an_extra_field() -> None:
-    async def upstream():  # type: ignore[no-untyped-def]
+    async def upstream():
         yield b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant"}}]}'
         yield b'\r\n\r\ndata: {"id":"c1","choices":[]}\n\n'
         yield b"data: [DONE]\n\n"

@@ -91,7 +91,7 @@ async def store_facts(client: RetrievalClient, tenant: str = "acme") -> list[str
 
 async def expect_invalid(call: object, match: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await call  # type: ignore[misc]
+        await call
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert match in (exc.value.details() or "")
 

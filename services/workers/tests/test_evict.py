@@ -34,14 +34,14 @@ START = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 async def start_evict(workers: WorkerStack, max_entries: int, **overrides: Any) -> RunningWorker:
     values = {**workers.common(), "max_entries": max_entries, "lock_wait_s": 10.0, **overrides}
     running = await workers.start(EVICT, EvictSettings(**values))
-    running.published = []  # type: ignore[attr-defined]
+    running.published = []
     publish = running.worker.publish
 
     async def recording_publish(event: Event) -> Any:
-        running.published.append(event)  # type: ignore[attr-defined]
+        running.published.append(event)
         return await publish(event)
 
-    running.worker.publish = recording_publish  # type: ignore[method-assign]
+    running.worker.publish = recording_publish
     return running
 
 
@@ -170,7 +170,7 @@ async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, p
         deleted_calls.append(list(ids))
         return await store_delete(tenant, ids)
 
-    retrieval.server.store.delete = recording_delete  # type: ignore[method-assign]
+    retrieval.server.store.delete = recording_delete
     replicas = [await start_evict(workers, max_entries=10, worker_concurrency=4) for _ in range(2)]
     turns = [memory(f"turn-{i}", pb.MEMORY_KIND_TURN, i, role="user") for i in range(40)]
     for start in range(0, 40, 8):  # bursts: eviction runs while turns keep arriving
@@ -185,7 +185,7 @@ async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, p
     await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the acks")
     requested = [memory_id for call in deleted_calls for memory_id in call]
     assert sorted(requested) == sorted(t.id for t in turns[:30])  # each deleted once
-    announced = [e.memory.id for r in replicas for e in r.published]  # type: ignore[attr-defined]
+    announced = [e.memory.id for r in replicas for e in r.published]
     assert sorted(announced) == sorted(t.id for t in turns[:30])  # each announced once
     assert len(await evicted_events(workers)) == 30
     assert await dead_letter_count(workers.nats_url, "evict") == 0

@@ -55,7 +55,7 @@ def changed(op: str, record: MemoryRecord, **fields: Any) -> MemoryChanged:
         tenant="acme",
         user_id=record.user_id,
         conversation_id=record.conversation_id,
-        op=op,  # type: ignore[arg-type]
+        op=op,
         memory=record,
         **fields,
     )

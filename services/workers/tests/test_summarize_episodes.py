@@ -25,9 +25,9 @@ from engram_testing.worker_stack import (
     dead_letter_count,
     published,
 )
+from engram_workers.prompts import EpisodeTurn
 from engram_workers.summarize import SUMMARIZE, SummarizeSettings
 from engram_workers.summarize.core import episode_memory_id, rule_based_episode
-from engram_workers.tasks import EpisodeTurn
 
 pytestmark = pytest.mark.integration
 

@@ -171,7 +171,7 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
                         all_texts[stored:size],
                         stored,
                         batch,
-                        lambda done, st=stored, bar=bar: bar.update(st + done),
+                        bar.counting_from(stored),
                     )
                 upsert_s = time.perf_counter() - started
                 stored = size
@@ -244,7 +244,10 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_bench_parser(commands: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_bench_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     from engram_cli.bench_corrections import add_corrections_parser
     from engram_cli.bench_overhead import add_overhead_parser
     from engram_cli.bench_pipeline import add_pipeline_parser

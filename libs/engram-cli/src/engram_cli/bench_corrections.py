@@ -172,7 +172,9 @@ CONFIGS = ("before", "engram")
 USER = "pat"
 
 
-def _memory(kind: int, text: str, conversation: str, minutes: int, **fields: Any) -> pb.Memory:
+def _memory(
+    kind: pb.MemoryKind, text: str, conversation: str, minutes: int, **fields: Any
+) -> pb.Memory:
     return pb.Memory(
         kind=kind,
         text=text,

@@ -11,12 +11,12 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 
 from engram_cli.bench_common import percentiles, process_cpu_s
 from engram_cli.console import ProgressBar
@@ -57,7 +57,7 @@ class Chatter:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: httpx2.AsyncClient,
         *,
         gateway: str,
         upstream: str,
@@ -97,13 +97,13 @@ class Chatter:
             reply = await self.http.post(self.urls[mode], json=body)
             status = reply.status_code
             timing = parse_server_timing(reply.headers.get("server-timing", ""))
-        except httpx.HTTPError:
+        except httpx2.HTTPError:
             status, timing = 0, {}
         return ChatSample(started, (time.perf_counter() - started) * 1e3, status, timing)
 
 
 async def at_rate(
-    send: Callable[[], Awaitable[ChatSample]], rate: float, seconds: float, label: str
+    send: Callable[[], Coroutine[Any, Any, ChatSample]], rate: float, seconds: float, label: str
 ) -> list[ChatSample]:
     """Open loop: chats start on a fixed schedule, whether or not earlier ones are done."""
     count = max(1, round(rate * seconds))
@@ -118,7 +118,7 @@ async def at_rate(
 
 
 async def closed_loop(
-    send: Callable[[], Awaitable[ChatSample]], clients: int, seconds: float
+    send: Callable[[], Coroutine[Any, Any, ChatSample]], clients: int, seconds: float
 ) -> tuple[list[ChatSample], float]:
     """``clients`` loops, each sending its next chat when the last one is answered."""
     deadline = time.perf_counter() + seconds

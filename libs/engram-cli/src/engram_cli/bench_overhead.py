@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import nats
 
 from engram_cli.bench_load import (
@@ -59,7 +60,8 @@ from engram_cli.bench_overhead_report import (
 )
 from engram_cli.bench_pipeline import drive_pipeline
 from engram_cli.bench_writepath import running_stack
-from engram_cli.stack import WORKERS, Stack
+from engram_cli.cli_common import WORKERS
+from engram_cli.stack import Stack
 from engram_core.settings import parse_nats_urls
 
 IDLE_S = 5.0
@@ -108,7 +110,8 @@ class Run:
 
     async def warm_up(self) -> None:
         for mode in MODES:
-            await at_rate(lambda m=mode: self.chatter.send(m), 20, WARM_UP_CHATS / 20, "warm-up")
+            send = functools.partial(self.chatter.send, mode)
+            await at_rate(send, 20, WARM_UP_CHATS / 20, "warm-up")
         await self.backlog.wait_drained()
 
     async def latency(self) -> dict[str, Any]:
@@ -116,7 +119,7 @@ class Run:
         for mode in MODES:
             before, load = self.meter.read(), _load()
             samples = await at_rate(
-                lambda m=mode: self.chatter.send(m),
+                functools.partial(self.chatter.send, mode),
                 self.cfg.rate,
                 self.cfg.seconds,
                 f"{mode} at {self.cfg.rate:g}/s",
@@ -138,7 +141,7 @@ class Run:
             sys.stderr.write(f"{self.cfg.clients} clients, memory {mode}, {self.cfg.seconds:g}s\n")
             before, load = self.meter.read(), _load()
             samples, elapsed = await closed_loop(
-                lambda m=mode: self.chatter.send(m), self.cfg.clients, self.cfg.seconds
+                functools.partial(self.chatter.send, mode), self.cfg.clients, self.cfg.seconds
             )
             drained_s = await self.backlog.wait_drained()
             self.stack.check_alive()
@@ -204,9 +207,9 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
         if cfg.profile:
             signal_services(stack, signal.SIGUSR2)  # start-up is not what is measured
         nc = await nats.connect(servers=parse_nats_urls(stack.settings.nats_url))
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        limits = httpx2.Limits(max_connections=256, max_keepalive_connections=256)
         try:
-            async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            async with httpx2.AsyncClient(timeout=120, limits=limits) as http:
                 chatter = Chatter(
                     http,
                     gateway=stack.settings.local_gateway_url,
@@ -262,14 +265,17 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
 
 def _without_samples(results: dict[str, Any]) -> dict[str, Any]:
     """results.json keeps the summaries; the raw samples only feed the plot."""
-    slim = json.loads(json.dumps(results))
+    slim: dict[str, Any] = json.loads(json.dumps(results))
     for phase in slim["latency"].values():
         phase.pop("samples_ms", None)
     slim["pipeline"].pop("lag_samples_ms", None)
     return slim
 
 
-def add_overhead_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_overhead_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     bench = kinds.add_parser(
         "overhead", help="latency and CPU memory adds per chat, throughput, and a profile"
     )

@@ -24,14 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import nats
 import numpy as np
 
 from engram_cli.bench_common import percentiles
 from engram_cli.bench_writepath import bench_stack
+from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
-from engram_cli.stack import WORKERS, StackSettings
+from engram_cli.stack import StackSettings
 from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
@@ -108,7 +109,7 @@ async def drive_pipeline(
     base = f"{settings.local_gateway_url}/v1"
     failures = 0
 
-    async def chat(http: httpx.AsyncClient, i: int) -> None:
+    async def chat(http: httpx2.AsyncClient, i: int) -> None:
         nonlocal failures
         n = first + i
         try:
@@ -120,15 +121,15 @@ async def drive_pipeline(
                     "messages": [{"role": "user", "content": f"I own a {TOKEN_PREFIX}{n:06d}."}],
                 },
             )
-        except httpx.HTTPError:  # a dropped connection is a failed chat, counted
+        except httpx2.HTTPError:  # a dropped connection is a failed chat, counted
             failures += 1
             return
         if reply.status_code != 200:
             failures += 1
 
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    limits = httpx2.Limits(max_connections=256, max_keepalive_connections=256)
     chat_rate = rate / 2
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
+    async with httpx2.AsyncClient(base_url=base, timeout=120, limits=limits) as http:
         started = time.perf_counter()
         in_flight: list[asyncio.Task[None]] = []
         with ProgressBar("sending chats", chats) as bar:
@@ -241,7 +242,10 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     return 0 if result["indexed"] == result["turns"] and not result["failed_chats"] else 1
 
 
-def add_pipeline_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_pipeline_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     bench = kinds.add_parser("pipeline", help="gateway → JetStream → ingest: lag and throughput")
     bench.add_argument(
         "--turns", type=int, default=1000, help="turns to publish (two per chat: user, reply)"

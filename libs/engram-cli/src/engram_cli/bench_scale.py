@@ -137,7 +137,7 @@ async def bench_engine(
                         client,
                         added,
                         args.batch,
-                        lambda done, st=stored, bar=bar: bar.update(st + done),
+                        bar.counting_from(stored),
                     )
                 upsert_s = time.perf_counter() - started
                 stored = size
@@ -325,7 +325,10 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_scale_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_scale_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     scale = kinds.add_parser(
         "scale", help="Search latency, Upsert throughput and RSS at 1k/10k/100k memories"
     )

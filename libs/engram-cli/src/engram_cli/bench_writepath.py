@@ -24,14 +24,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import nats
 
 from engram_cli.bench_common import percentiles
+from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.nats_server import free_port, free_port_block
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
-from engram_cli.stack import WORKERS, Stack, StackSettings
+from engram_cli.stack import Stack, StackSettings
 from engram_core.events import MemoryChanged
 from engram_core.settings import parse_nats_urls
 
@@ -128,7 +129,7 @@ async def _drive(
     nc = await nats.connect(servers=parse_nats_urls(settings.nats_url))
     await nc.subscribe("engram.memory.changed.v1", cb=on_change)
     base = f"{settings.local_gateway_url}/v1"
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    async with httpx2.AsyncClient(base_url=base, timeout=60) as http:
         with ProgressBar("chatting", turns) as bar:
             for i in range(turns):
                 token = f"wpb{i:05d}"
@@ -216,7 +217,10 @@ def _cmd_write_path(args: argparse.Namespace) -> int:
     return 0 if result["completed"]["fact"] == args.turns else 1
 
 
-def add_write_path_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_write_path_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     bench = kinds.add_parser("write-path", help="publish -> indexed turn -> reconciled fact")
     bench.add_argument("--turns", type=int, default=100, help="chats to send")
     bench.add_argument("--conversations", type=int, default=5, help="spread over this many")

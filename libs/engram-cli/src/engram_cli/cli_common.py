@@ -24,13 +24,16 @@ import asyncio
 import json
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from faststream.nats import NatsBroker
 from pydantic import Field, SecretStr, model_validator
 
 from engram_core.bus import DEFAULT_DUPLICATE_WINDOW_S, ensure_stream, make_broker
 from engram_core.settings import ConfigError, EngramSettings, load_settings
+
+if TYPE_CHECKING:
+    import httpx2
 
 #: Every worker, in start order; each is its own process (``engram-<name>``) with its
 #: health port at ``health_port_base`` + its position.
@@ -234,11 +237,8 @@ def auth_headers(settings: CliSettings) -> dict[str, str]:
     return {"Authorization": f"Bearer {settings.api_key.get_secret_value()}"}
 
 
-def api_error(response: object) -> str:
+def api_error(response: httpx2.Response) -> str:
     """The message of an OpenAI-shaped error body, else the status line."""
-    import httpx
-
-    assert isinstance(response, httpx.Response)
     try:
         error = response.json()["error"]
         return (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TextIO
 
@@ -92,6 +92,10 @@ class ProgressBar:
 
     def advance(self, count: int = 1) -> None:
         self.update(self.done + count)
+
+    def counting_from(self, start: int) -> Callable[[int], None]:
+        """A progress callback for a step that reports its own count after ``start``."""
+        return lambda done: self.update(start + done)
 
     def _plain_line(self, *, force: bool = False) -> None:
         step = self.done * STEPS // self.total if self.total else STEPS

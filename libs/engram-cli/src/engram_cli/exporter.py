@@ -9,12 +9,10 @@ import asyncio
 import json
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TextIO
-
-import grpc
 
 from engram_cli.cli_common import (
     CliSettings,
@@ -24,7 +22,8 @@ from engram_cli.cli_common import (
     cli_settings,
 )
 from engram_cli.console import ProgressCallback
-from engram_core.memory_record import record_from_pb
+from engram_core.memory import KIND_NAMES, MemoryFilter, MemoryKindName, MemoryRecord
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.mirror_format import (
     MirrorFormatError,
     classify,
@@ -32,18 +31,16 @@ from engram_core.mirror_format import (
     memory_files,
     parse,
 )
-from engram_core.proto import KIND_BY_NAME, pb
 from engram_core.retrieval_client import RetrievalClient
 
 PAGE = 500
 
 
-def memory_line(memory: pb.Memory, tenant: str) -> str:
+def memory_line(record: MemoryRecord, tenant: str, embedding_model: str) -> str:
     """One memory as JSON: the mirror's record fields plus ``tenant`` and the model that
     embedded it."""
-    record = record_from_pb(memory).model_dump(mode="json")
     return json.dumps(
-        {"tenant": tenant, **record, "embedding_model": memory.embedding_model},
+        {"tenant": tenant, **record.model_dump(mode="json"), "embedding_model": embedding_model},
         ensure_ascii=False,
     )
 
@@ -53,40 +50,35 @@ async def export_jsonl(
     tenant: str,
     out: TextIO,
     *,
-    kinds: list[str] | None = None,
+    kinds: Sequence[MemoryKindName] | None = None,
     include_superseded: bool = False,
-    user: str = "",
+    user: str | None = None,
     conversation: str = "",
     on_progress: Callable[[int, int], None] | None = None,
 ) -> int:
+    """Write the memories the filter selects; ``user`` None is every user, ``""`` only
+    the memories with no user."""
     client = RetrievalClient(settings.retrieval_address, timeout_s=30.0)
-    flt = pb.MemoryFilter(
-        kinds=[KIND_BY_NAME[k] for k in kinds or ()],
+    memories = MemoryPort(client)
+    flt = MemoryFilter(
+        kinds=tuple(kinds or ()),
         include_superseded=include_superseded,
-        conversation_id=conversation,
+        conversation_id=conversation or None,
+        user_id=user,
     )
-    if user:  # set (even to ""), the filter means exactly that user
-        flt.user_id = user
     written = 0
     try:
         if not await client.is_serving(timeout_s=5.0):
             raise CommandError(f"retrieval at {settings.retrieval_address} is not serving")
-        total = (await client.count(pb.CountRequest(tenant=tenant, filter=flt))).count
-        token = ""
-        while True:
-            page = await client.list(
-                pb.ListRequest(tenant=tenant, filter=flt, page_size=PAGE, page_token=token)
-            )
-            for memory in page.memories:
-                out.write(memory_line(memory, tenant) + "\n")
-            written += len(page.memories)
+        total = (await memories.count(tenant, flt)).total
+        async for page in memories.iter_pages(tenant, flt):
+            for record in page.records:
+                out.write(memory_line(record, tenant, page.embedding_models[record.id]) + "\n")
+            written += len(page.records)
             if on_progress:
                 on_progress(written, max(total, written))
-            token = page.next_page_token
-            if not token:
-                break
-    except grpc.aio.AioRpcError as exc:
-        raise CommandError(f"retrieval: {exc.code().name}: {exc.details()}") from None
+    except RetrievalError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         await client.close()
     return written
@@ -152,10 +144,12 @@ def add_export_parser(
         "--include-superseded", action="store_true", help="also the superseded versions"
     )
     parser.add_argument(
-        "--kind", action="append", choices=sorted(KIND_BY_NAME), help="only these kinds"
+        "--kind", action="append", choices=sorted(KIND_NAMES), help="only these kinds"
     )
     parser.add_argument(
-        "--user", default="", help="only this user's memories (with --mirror: their files)"
+        "--user",
+        default=None,
+        help='only this user\'s memories ("": those with no user; with --mirror: their files)',
     )
     parser.add_argument("--conversation", default="", help="only this conversation")
     parser.add_argument(
@@ -194,7 +188,7 @@ def export_command(args: argparse.Namespace) -> int:
 def _export_mirror(settings: CliSettings, args: argparse.Namespace) -> int:
     if args.kind or args.conversation:
         raise CommandError("--kind and --conversation filter JSON lines; --mirror copies files")
-    copied = export_mirror(settings, args.tenant, args.mirror, user=args.user)
+    copied = export_mirror(settings, args.tenant, args.mirror, user=args.user or "")
     whose = f"user {args.user!r} of tenant" if args.user else "tenant"
     print(f"copied {copied.files} memory files of {whose} {args.tenant!r} to {args.mirror}")
     for rel in copied.unreadable:

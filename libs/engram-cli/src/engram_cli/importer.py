@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import grpc
-import httpx
+import httpx2
 from faststream.nats import NatsBroker
 
 from engram_cli.cli_common import (
@@ -60,6 +60,7 @@ from engram_cli.console import ProgressCallback
 from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryChangeOp
+from engram_core.memory_port import classify
 from engram_core.memory_record import record_from_pb
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
@@ -420,7 +421,7 @@ class HttpSender(Sender):
         self.base = settings.gateway_url.rstrip("/")
         self.model = model
         self.event_ids: list[str] = []
-        self.client = httpx.AsyncClient(
+        self.client = httpx2.AsyncClient(
             base_url=self.base, headers=auth_headers(settings), timeout=60.0
         )
 
@@ -441,7 +442,7 @@ class HttpSender(Sender):
                 # Fixes the event (and turn) ids: a re-sent unit is de-duplicated.
                 headers={"X-Request-Id": f"import-{unit.key[:40]}"},
             )
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise CommandError(f"gateway at {self.base} unreachable: {exc}") from None
         if response.status_code != 202:
             raise CommandError(f"{unit.where}: the gateway refused it: {api_error(response)}")
@@ -511,9 +512,7 @@ class GrpcSender(Sender):
                 pb.UpsertRequest(tenant=self.tenant, memories=memories)
             )
         except grpc.aio.AioRpcError as exc:
-            raise CommandError(
-                f"{unit.where}: Upsert failed: {exc.code().name}: {exc.details()}"
-            ) from None
+            raise CommandError(f"{unit.where}: {classify('Upsert', exc)}") from None
         counts: dict[str, int] = {}
         for memory, result in zip(memories, reply.results, strict=True):
             name = pb.UpsertStatus.Name(result.status).removeprefix("UPSERT_STATUS_").lower()

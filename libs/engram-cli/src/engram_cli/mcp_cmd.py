@@ -17,7 +17,7 @@ from collections.abc import Callable
 from engram_cli.cli_common import add_gateway_flags, auth_headers, cli_settings
 from engram_core.logging import configure_logging, get_logger
 
-log = get_logger("engram.mcp")
+log = get_logger(__name__)
 #: A tool call may wait up to mcp_tools.MAX_WAIT_S for learning; each HTTP call is short.
 HTTP_TIMEOUT_S = 30.0
 
@@ -54,5 +54,5 @@ async def serve_stdio(gateway_url: str, headers: dict[str, str]) -> None:
         base_url=gateway_url.rstrip("/"), headers=headers, timeout=HTTP_TIMEOUT_S
     ) as client:
         server = build_mcp_server(GatewayApi(client))
-        log.info("engram mcp serving on stdio", gateway=gateway_url)
+        log.info("mcp.serving", transport="stdio", gateway=gateway_url)
         await server.run_stdio_async()

@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-import grpc
-
 from engram_cli.cli_common import add_data_dir_flag, add_retrieval_flag, cli_settings
 from engram_cli.console import ProgressBar
 from engram_core.memory import MemoryRecord
-from engram_core.memory_record import record_to_pb
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.mirror_format import (
     MirrorFormatError,
     classify,
@@ -31,7 +29,6 @@ from engram_core.mirror_format import (
     memory_files,
     parse,
 )
-from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 
 #: Retrieval accepts at most 2048 memories per Upsert.
@@ -150,26 +147,23 @@ async def rebuild(
         for memory_tenant, record in plan.memories.values():
             by_tenant.setdefault(memory_tenant, []).append(record)
         progress = ProgressBar("rebuild", len(plan.memories), stream=err)
+        memories = MemoryPort(client)
         for memory_tenant in sorted(by_tenant):
             records = by_tenant[memory_tenant]
             for start in range(0, len(records), batch_size):
-                chunk = [_to_pb(r, memory_tenant) for r in records[start : start + batch_size]]
+                # updated_at is the service's to set
+                chunk = [
+                    r.model_copy(update={"updated_at": None})
+                    for r in records[start : start + batch_size]
+                ]
                 try:
-                    reply = await client.upsert(
-                        pb.UpsertRequest(tenant=memory_tenant, memories=chunk)
-                    )
-                except grpc.aio.AioRpcError as exc:
+                    stored = await memories.upsert(memory_tenant, chunk)
+                except RetrievalError as exc:
                     progress.close()
-                    print(
-                        f"engram rebuild: Upsert failed for tenant {memory_tenant!r}: "
-                        f"{exc.code().name}: {exc.details()}",
-                        file=err,
-                    )
+                    print(f"engram rebuild: tenant {memory_tenant!r}: {exc}", file=err)
                     return 2
-                for result in reply.results:
-                    statuses[
-                        pb.UpsertStatus.Name(result.status).removeprefix("UPSERT_STATUS_")
-                    ] += 1
+                for item in stored:
+                    statuses[item.status.name] += 1
                 progress.advance(len(chunk))
     finally:
         await client.close()
@@ -191,12 +185,6 @@ async def rebuild(
         )
         return 1
     return 0
-
-
-def _to_pb(record: MemoryRecord, tenant: str) -> pb.Memory:
-    memory = record_to_pb(record, tenant=tenant)
-    memory.ClearField("updated_at")  # the service's to set
-    return memory
 
 
 def run_rebuild(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """``engram reembed``: after an embedding model change, re-embed every memory in place.
 
-Each memory is read with ``List`` (all kinds, superseded versions included) and
+Each memory is read with ``List`` (the port's pages) (all kinds, superseded versions included) and
 upserted back unchanged. Retrieval compares the stored ``embedding_model`` and
 ``embed_hash`` (model id + index text) with its own: a point embedded by another model
 is re-embedded and rewritten (``UPDATED``), one already current is left alone
@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
@@ -36,6 +34,8 @@ from engram_cli.cli_common import (
     cli_settings,
 )
 from engram_cli.console import ProgressCallback
+from engram_core.memory import MemoryFilter
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.mirror_format import (
     MirrorFormatError,
     classify,
@@ -43,7 +43,6 @@ from engram_core.mirror_format import (
     memory_files,
     parse,
 )
-from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 
 #: List pages are at most 500; Upsert takes up to 2048.
@@ -91,41 +90,26 @@ def _tenant_in_files(root: Path, tenant_dir: str) -> str | None:
 
 
 async def reembed_tenant(
-    client: RetrievalClient,
+    memories: MemoryPort,
     tenant: str,
     *,
     page_size: int = PAGE,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ReembedResult:
     result = ReembedResult(tenant)
-    flt = pb.MemoryFilter(include_superseded=True)
-    result.total = (await client.count(pb.CountRequest(tenant=tenant, filter=flt))).count
+    flt = MemoryFilter(include_superseded=True)
+    result.total = (await memories.count(tenant, flt)).total
     done = 0
     if on_progress:
         on_progress(0, result.total)
-    token = ""
-    while True:
-        page = await client.list(
-            pb.ListRequest(tenant=tenant, filter=flt, page_size=page_size, page_token=token)
-        )
-        if page.memories:
-            memories = []
-            for memory in page.memories:
-                copy = pb.Memory()
-                copy.CopyFrom(memory)
-                copy.ClearField("updated_at")  # the service's to set
-                copy.ClearField("embedding_model")
-                memories.append(copy)
-            reply = await client.upsert(pb.UpsertRequest(tenant=tenant, memories=memories))
-            for item in reply.results:
-                name = pb.UpsertStatus.Name(item.status).removeprefix("UPSERT_STATUS_").lower()
-                result.statuses[name] += 1
-            done += len(memories)
-            if on_progress:
-                on_progress(done, max(done, result.total))
-        token = page.next_page_token
-        if not token:
-            break
+    async for page in memories.iter_pages(tenant, flt, page_size=page_size):
+        # Written back as listed; the service sets updated_at and re-embeds what its
+        # current model did not embed.
+        for stored in await memories.upsert(tenant, page.records):
+            result.statuses[stored.status.value] += 1
+        done += len(page.records)
+        if on_progress:
+            on_progress(done, max(done, result.total))
     # (Memories written while this ran were embedded by the current model already.)
     return result
 
@@ -138,6 +122,7 @@ async def reembed(
     show_progress: bool = True,
 ) -> list[ReembedResult]:
     client = RetrievalClient(settings.retrieval_address, timeout_s=60.0)
+    memories = MemoryPort(client)
     results = []
     try:
         if not await client.is_serving(timeout_s=5.0):
@@ -147,16 +132,14 @@ async def reembed(
                 with ProgressCallback(f"reembed {tenant}") as bar:
                     results.append(
                         await reembed_tenant(
-                            client,
+                            memories,
                             tenant,
                             page_size=page_size,
                             on_progress=bar if show_progress else None,
                         )
                     )
-            except grpc.aio.AioRpcError as exc:
-                raise CommandError(
-                    f"tenant {tenant!r}: {exc.code().name}: {exc.details()} (re-run to finish)"
-                ) from None
+            except RetrievalError as exc:
+                raise CommandError(f"tenant {tenant!r}: {exc} (re-run to finish)") from None
     finally:
         await client.close()
     return results

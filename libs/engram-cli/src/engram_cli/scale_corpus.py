@@ -225,7 +225,7 @@ def queries(stored: list[SyntheticMemory], n: int, seed: int = 11) -> list[tuple
     """``n`` (tenant, user_id, conversation_id, question) picked where memories are, so
     long conversations are asked about more often, as they are in use."""
     rng = random.Random(seed)
-    out = []
+    out: list[tuple[str, ...]] = []
     for _ in range(n):
         m = rng.choice(stored)
         out.append((m.tenant, m.user_id, m.conversation_id, fill(rng.choice(QUERY_TEMPLATES), rng)))

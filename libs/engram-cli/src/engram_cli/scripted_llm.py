@@ -16,7 +16,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,7 +195,9 @@ class ScriptedUpstream:
         }
         return f"data: {json.dumps(payload)}\n\n"
 
-    async def _stream_tool_call(self, completion_id: str, created: int, call: ToolCall):  # type: ignore[no-untyped-def]
+    async def _stream_tool_call(
+        self, completion_id: str, created: int, call: ToolCall
+    ) -> AsyncIterator[str]:
         part = call.message_part()
         arguments = part["function"]["arguments"]
         head = {**part, "function": {"name": call.name, "arguments": ""}}
@@ -205,7 +207,7 @@ class ScriptedUpstream:
         yield self._chunk(completion_id, created, {}, "tool_calls")
         yield "data: [DONE]\n\n"
 
-    async def _stream(self, completion_id: str, created: int, text: str):  # type: ignore[no-untyped-def]
+    async def _stream(self, completion_id: str, created: int, text: str) -> AsyncIterator[str]:
         def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
             return self._chunk(completion_id, created, delta, finish)
 

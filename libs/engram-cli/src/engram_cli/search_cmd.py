@@ -8,11 +8,10 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any, TextIO
 
-import grpc
-import httpx
-from google.protobuf.json_format import MessageToDict
+import httpx2
 
 from engram_cli.cli_common import (
     CliSettings,
@@ -23,7 +22,8 @@ from engram_cli.cli_common import (
     auth_headers,
     cli_settings,
 )
-from engram_core.proto import SCOPE_NAMES, from_timestamp, kind_name, pb
+from engram_core.memory import SearchQuery
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.retrieval_client import RetrievalClient
 
 
@@ -60,57 +60,57 @@ async def search_http(settings: CliSettings, args: argparse.Namespace) -> dict[s
     if args.threshold is not None:
         body["memory_score_threshold"] = args.threshold
     url = settings.gateway_url.rstrip("/")
-    async with httpx.AsyncClient(base_url=url, headers=auth_headers(settings), timeout=30) as http:
+    async with httpx2.AsyncClient(base_url=url, headers=auth_headers(settings), timeout=30) as http:
         try:
             response = await http.post("/v1/memories/search", json=body)
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise CommandError(f"gateway at {url} unreachable: {exc}") from None
     if response.status_code != 200:
         raise CommandError(api_error(response))
-    return response.json()
+    result: dict[str, Any] = response.json()
+    return result
 
 
 async def search_grpc(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:
-    request = pb.SearchRequest(
-        tenant=args.tenant, query=args.query, user_id=args.user, conversation_id=args.conversation
+    query = SearchQuery(
+        tenant=args.tenant,
+        text=args.query,
+        user_id=args.user,
+        conversation_id=args.conversation,
+        top_k=args.top_k,
+        score_threshold=args.threshold,
     )
-    if args.top_k is not None:
-        request.top_k = args.top_k
-    if args.threshold is not None:
-        request.score_threshold = args.threshold
     client = RetrievalClient(settings.retrieval_address, timeout_s=30)
     try:
-        reply = await client.search(request)
-    except grpc.aio.AioRpcError as exc:
-        raise CommandError(f"retrieval: {exc.code().name}: {exc.details()}") from None
+        result = await MemoryPort(client).search(query)
+    except RetrievalError as exc:
+        raise CommandError(str(exc)) from None
     finally:
         await client.close()
     # The same shape as the HTTP answer, so --json and the table read either.
     hits = []
-    for hit in reply.hits:
+    for hit in result.hits:
         memory = hit.memory
-        created = from_timestamp(memory.created_at)
-        scores = MessageToDict(hit.scores, preserving_proto_field_name=True)
+        scores = {k: round(v, 6) for k, v in asdict(hit.scores).items() if v is not None}
         hits.append(
             {
                 "id": memory.id,
-                "kind": kind_name(memory.kind),
+                "kind": memory.kind,
                 "text": memory.text,
                 "role": memory.role,
                 "user_id": memory.user_id,
                 "conversation_id": memory.conversation_id,
-                "created_at": created.isoformat() if created else None,
-                "score": round(float(hit.scores.total), 6),
-                "scope": SCOPE_NAMES.get(hit.scope),
-                "scores": {k: round(float(v), 6) for k, v in scores.items()},
+                "created_at": memory.created_at.isoformat() if memory.created_at else None,
+                "score": round(hit.scores.total, 6),
+                "scope": hit.scope,
+                "scores": scores,
             }
         )
-    outcome = pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_").lower()
     return {
-        "outcome": outcome,
+        "outcome": result.outcome,
         "hits": hits,
-        "summary": reply.summary.text if reply.HasField("summary") else None,
-        "profile": [m.text for m in reply.profile],
+        "summary": result.summary.text if result.summary is not None else None,
+        "profile": [m.text for m in result.profile],
     }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
 
-import httpx
+import httpx2
 
 from engram_cli.cli_common import WORKERS, CliSettings, reachable_address
 from engram_cli.nats_server import NatsServerProcess, port_is_open
@@ -49,8 +49,8 @@ class Component:
 def _http_ok(url: str) -> Callable[[], bool]:
     def check() -> bool:
         try:
-            return httpx.get(url, timeout=1.0).status_code == 200
-        except httpx.HTTPError:
+            return httpx2.get(url, timeout=1.0).status_code == 200
+        except httpx2.HTTPError:
             return False
 
     return check
@@ -63,7 +63,9 @@ def _grpc_serving(address: str) -> Callable[[], bool]:
 
         with grpc.insecure_channel(address) as channel:
             try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
+                stub = health_pb2_grpc.HealthStub(channel)
+                # types-grpcio-health-checking declares HealthStub without its methods.
+                reply: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
                     health_pb2.HealthCheckRequest(service=""), timeout=1.0
                 )
             except grpc.RpcError:

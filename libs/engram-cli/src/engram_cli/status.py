@@ -21,8 +21,7 @@ from contextlib import AsyncExitStack
 from typing import Any, TextIO
 from urllib.parse import urlparse
 
-import grpc
-import httpx
+import httpx2
 
 from engram_cli.cli_common import (
     WORKERS,
@@ -37,17 +36,18 @@ from engram_cli.console import print_table
 from engram_cli.nats_server import port_is_open
 from engram_core.bus import admin_connection
 from engram_core.events import STREAM_NAME
-from engram_core.proto import pb
+from engram_core.memory import MemoryFilter
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import parse_nats_urls
 
 TIMEOUT_S = 2.0
 
 
-async def _http_ready(http: httpx.AsyncClient, url: str) -> dict[str, Any]:
+async def _http_ready(http: httpx2.AsyncClient, url: str) -> dict[str, Any]:
     try:
         response = await http.get(url)
-    except httpx.HTTPError as exc:
+    except httpx2.HTTPError as exc:
         return {"status": "unreachable", "url": url, "error": type(exc).__name__}
     status = "ready" if response.status_code == 200 else "not ready"
     entry: dict[str, Any] = {"status": status, "url": url}
@@ -113,25 +113,24 @@ async def _consumers(nats_url: str) -> dict[str, Any]:
 
 
 async def _counts(client: RetrievalClient, tenant: str) -> dict[str, Any]:
+    memories = MemoryPort(client)
     try:
-        current = await client.count(pb.CountRequest(tenant=tenant))
-        everything = await client.count(
-            pb.CountRequest(tenant=tenant, filter=pb.MemoryFilter(include_superseded=True))
-        )
-    except grpc.aio.AioRpcError as exc:
-        return {"error": f"{exc.code().name}: {exc.details()}"}
+        current = await memories.count(tenant, MemoryFilter())
+        everything = await memories.count(tenant, MemoryFilter(include_superseded=True))
+    except RetrievalError as exc:
+        return {"error": f"{exc.code.name}: {exc.details}"}
     return {
         "tenant": tenant,
-        "current": int(current.count),
-        "by_kind": {k: int(v) for k, v in sorted(current.by_kind.items())},
-        "superseded": int(everything.count - current.count),
+        "current": current.total,
+        "by_kind": dict(sorted(current.by_kind.items())),
+        "superseded": everything.total - current.total,
     }
 
 
 async def collect_status(settings: CliSettings, tenant: str) -> dict[str, Any]:
     client = RetrievalClient(settings.retrieval_address, timeout_s=TIMEOUT_S)
     gateway = settings.gateway_url.rstrip("/")
-    async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+    async with httpx2.AsyncClient(timeout=TIMEOUT_S) as http:
         try:
             worker_urls = {
                 w: f"http://127.0.0.1:{port}/readyz"

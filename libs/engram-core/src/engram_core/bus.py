@@ -42,7 +42,7 @@ from engram_core.settings import parse_nats_urls
 
 __all__ = ["PUBLISH_TIMEOUT_S", "StreamConfigConflict", "ensure_stream", "publish_event"]
 
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 5
 T = TypeVar("T")
 DEFAULT_DUPLICATE_WINDOW_S = RetryPolicy().duplicate_window_s
 
@@ -155,7 +155,7 @@ async def connect_for_service(nats_url: str) -> Client:
         connect_timeout=CONNECT_TIMEOUT_S,
         allow_reconnect=False,
         max_reconnect_attempts=1,
-        reconnect_time_wait=0.2,
+        reconnect_time_wait=0.2,  # type: ignore[arg-type]  # annotated int, slept as a float
         error_cb=quiet,
     )
     # Connected: from now on, keep reconnecting whatever the outage.

@@ -56,7 +56,8 @@ def summary_memory_id(tenant: str, user_id: str, conversation_id: str) -> str:
 
 def _float32(value: float) -> float:
     # Profile scores travel as float32; compare them as the store gives them back.
-    return round(struct.unpack("f", struct.pack("f", value))[0], 6)
+    (as_float32,) = struct.unpack("f", struct.pack("f", value))
+    return round(float(as_float32), 6)
 
 
 def canonical(record: MemoryRecord) -> dict[str, object]:

@@ -116,6 +116,8 @@ class MemoryFilter:
 class Page:
     records: list[MemoryRecord]
     next_token: str = ""  # empty on the last page
+    #: The embedding model of each record, by id (the service's, not the record's).
+    embedding_models: dict[str, str] = field(default_factory=dict)
 
 
 class UpsertStatus(enum.StrEnum):

@@ -73,7 +73,7 @@ _STATUSES = {
     pb.UPSERT_STATUS_UPDATED: UpsertStatus.UPDATED,
     pb.UPSERT_STATUS_UNCHANGED: UpsertStatus.UNCHANGED,
 }
-_SCOPES: dict[int, ScopeName] = {
+_SCOPES: dict[pb.Scope, ScopeName] = {
     pb.SCOPE_CONVERSATION: "conversation",
     pb.SCOPE_USER: "user",
     pb.SCOPE_GLOBAL: "global",
@@ -255,20 +255,31 @@ class MemoryPort:
                 )
             ),
         )
-        return Page([record_from_pb(m) for m in reply.memories], reply.next_page_token)
+        return Page(
+            [record_from_pb(m) for m in reply.memories],
+            reply.next_page_token,
+            {m.id: m.embedding_model for m in reply.memories},
+        )
+
+    async def iter_pages(
+        self, tenant: str, flt: MemoryFilter, *, page_size: int = MAX_PAGE_SIZE
+    ) -> AsyncIterator[Page]:
+        """Every page the filter selects, newest first (the one pagination loop)."""
+        token = ""
+        while True:
+            page = await self.list_page(tenant, flt, page_size=page_size, page_token=token)
+            yield page
+            token = page.next_token
+            if not token:
+                return
 
     async def iter_list(
         self, tenant: str, flt: MemoryFilter, *, page_size: int = MAX_PAGE_SIZE
     ) -> AsyncIterator[MemoryRecord]:
         """Every memory the filter selects, newest first, a page at a time."""
-        token = ""
-        while True:
-            page = await self.list_page(tenant, flt, page_size=page_size, page_token=token)
+        async for page in self.iter_pages(tenant, flt, page_size=page_size):
             for record in page.records:
                 yield record
-            token = page.next_token
-            if not token:
-                return
 
     async def list_all(self, tenant: str, flt: MemoryFilter) -> list[MemoryRecord]:
         return [record async for record in self.iter_list(tenant, flt)]

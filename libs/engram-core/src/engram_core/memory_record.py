@@ -10,7 +10,7 @@ def record_from_pb(memory: pb.Memory) -> MemoryRecord:
     profile = None
     if memory.HasField("profile") and memory.profile.key:
         profile = ProposedProfileFact(
-            category=memory.profile.category,  # type: ignore[arg-type]
+            category=memory.profile.category,
             key=memory.profile.key,
             value=memory.profile.value,
             confidence=round(float(memory.profile.confidence), 6),
@@ -21,7 +21,7 @@ def record_from_pb(memory: pb.Memory) -> MemoryRecord:
         turn_range = (int(memory.turn_range.first_turn), int(memory.turn_range.last_turn))
     return MemoryRecord(
         id=memory.id,
-        kind=kind_name(memory.kind),  # type: ignore[arg-type]
+        kind=kind_name(memory.kind),
         text=memory.text,
         role=memory.role,
         user_id=memory.user_id,
@@ -47,7 +47,7 @@ def record_to_pb(record: MemoryRecord, tenant: str = "") -> pb.Memory:
         tenant=tenant,
         user_id=record.user_id,
         conversation_id=record.conversation_id,
-        kind=KIND_BY_NAME[record.kind],  # type: ignore[arg-type]
+        kind=KIND_BY_NAME[record.kind],
         text=record.text,
         role=record.role,
         source_id=record.source_id,

@@ -45,7 +45,7 @@ def _base_attributes(subject: str, message_id: str | None) -> dict[str, Any]:
     return attributes
 
 
-class NatsTracingMiddleware(BaseMiddleware):
+class NatsTracingMiddleware(BaseMiddleware[NatsPublishCommand, Any]):
     """FastStream broker middleware (pass the class in ``middlewares=``)."""
 
     async def publish_scope(

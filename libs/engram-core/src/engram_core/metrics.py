@@ -70,6 +70,12 @@ llm_errors = meter.create_counter(
     unit="{error}",
     description="LLM calls that failed (error.type says how).",
 )
+llm_fallbacks = meter.create_counter(
+    semconv.METRIC_LLM_FALLBACKS,
+    unit="{fallback}",
+    description="Worker tasks that took their documented fallback instead of the model's "
+    "answer (engram.llm.fallback says why).",
+)
 search_stage_duration = meter.create_histogram(
     semconv.METRIC_SEARCH_STAGE_DURATION,
     unit="s",

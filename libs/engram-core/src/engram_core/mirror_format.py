@@ -36,7 +36,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from engram_core.memory import MemoryRecord
+from engram_core.memory import MemoryKindName, MemoryRecord
 from engram_core.timestamps import compact_utc, storable_utc
 
 __all__ = [
@@ -66,7 +66,7 @@ __all__ = [
     "user_component",
 ]
 
-KIND_DIRS: dict[str, str] = {
+KIND_DIRS: dict[MemoryKindName, str] = {
     "turn": "turns",
     "fact": "facts",
     "profile": "profile",
@@ -249,7 +249,7 @@ class MirrorPath:
     user_id: str | None
     conversation_id: str | None
     deleted: bool  # under the scope's deleted/
-    kind: str | None  # from the kind directory, if it is one
+    kind: MemoryKindName | None  # from the kind directory, if it is one
     role: str | None  # turns/<role>
     id_from_name: str | None  # the id in a canonical ``<stamp>__<id>.md`` name
     scope_depth: int = 2  # leading components naming the scope (3 with a user level)
@@ -388,6 +388,7 @@ _KNOWN_KEYS = frozenset(
 )
 
 try:  # the C loader is much faster on a large tree
+    # The same interface; the stubs do not make CSafeLoader a SafeLoader subclass.
     _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[assignment]
 except AttributeError:  # pragma: no cover - libyaml missing
     _Loader = yaml.SafeLoader
@@ -426,9 +427,9 @@ def parse(
         if value is not None:
             fields[name] = value
     for name in _TIME_FIELDS:
-        value = _time(front.get(name), name)
-        if value is not None:
-            fields[name] = value
+        when = _time(front.get(name), name)
+        if when is not None:
+            fields[name] = when
 
     tenant = fields.pop("tenant", None)
     if where is not None and where.tenant is not None:
@@ -466,14 +467,14 @@ def parse(
     if "turn_index" in front and front["turn_index"] is not None:
         fields["turn_index"] = front["turn_index"]
     for name in ("source_turn_ids", "tags"):
-        value = front.get(name)
-        if value is None:
+        listed = front.get(name)
+        if listed is None:
             continue
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list):
+        if isinstance(listed, str):
+            listed = [listed]
+        if not isinstance(listed, list):
             raise MirrorFormatError(f"{name}: should be a list")
-        fields[name] = [_scalar_str(item, name) or "" for item in value]
+        fields[name] = [_scalar_str(item, name) or "" for item in listed]
     if front.get("profile") is not None:
         fields["profile"] = front["profile"]
     if front.get("turn_range") is not None:

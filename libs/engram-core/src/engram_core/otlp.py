@@ -48,7 +48,7 @@ def otlp_protocol(signal: Signal, environ: Mapping[str, str] | None = None) -> P
                 f"invalid configuration:\n  {var}: must be one of {', '.join(PROTOCOLS)} "
                 f"(got {env[var]!r})"
             )
-        return value  # type: ignore[return-value]
+        return value
     return DEFAULT_PROTOCOL
 
 

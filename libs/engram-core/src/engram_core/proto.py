@@ -21,24 +21,28 @@ __all__ = [
     "to_timestamp",
 ]
 
-KIND_NAMES: dict[int, str] = {
+KIND_NAMES: dict[pb.MemoryKind, str] = {
     pb.MEMORY_KIND_TURN: "turn",
     pb.MEMORY_KIND_FACT: "fact",
     pb.MEMORY_KIND_PROFILE: "profile",
     pb.MEMORY_KIND_SUMMARY: "summary",
     pb.MEMORY_KIND_EPISODE: "episode",
 }
-KIND_BY_NAME: dict[str, int] = {name: kind for kind, name in KIND_NAMES.items()}
+KIND_BY_NAME: dict[str, pb.MemoryKind] = {name: kind for kind, name in KIND_NAMES.items()}
 
-SCOPE_NAMES: dict[int, str] = {
+SCOPE_NAMES: dict[pb.Scope, str] = {
     pb.SCOPE_CONVERSATION: "conversation",
     pb.SCOPE_USER: "user",
     pb.SCOPE_GLOBAL: "global",
 }
 
 
+_NAME_BY_NUMBER: dict[int, str] = {int(kind): name for kind, name in KIND_NAMES.items()}
+
+
 def kind_name(kind: int) -> str:
-    return KIND_NAMES.get(kind, "unspecified")
+    """The name of a kind number; "unspecified" for one this version does not know."""
+    return _NAME_BY_NUMBER.get(kind, "unspecified")
 
 
 def to_timestamp(value: datetime) -> Timestamp:

@@ -12,6 +12,8 @@ notice a connection that died silently (a node gone, a NAT dropping it).
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -51,13 +53,33 @@ SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 
+class MemoryStub(Protocol):
+    """The generated MemoryService stub's calls, typed (grpcio-tools types messages, not
+    stubs)."""
+
+    Search: grpc.aio.UnaryUnaryMultiCallable[pb.SearchRequest, pb.SearchResponse]
+    Upsert: grpc.aio.UnaryUnaryMultiCallable[pb.UpsertRequest, pb.UpsertResponse]
+    Delete: grpc.aio.UnaryUnaryMultiCallable[pb.DeleteRequest, pb.DeleteResponse]
+    Get: grpc.aio.UnaryUnaryMultiCallable[pb.GetRequest, pb.GetResponse]
+    List: grpc.aio.UnaryUnaryMultiCallable[pb.ListRequest, pb.ListResponse]
+    Count: grpc.aio.UnaryUnaryMultiCallable[pb.CountRequest, pb.CountResponse]
+    ListScopes: grpc.aio.UnaryUnaryMultiCallable[pb.ListScopesRequest, pb.ListScopesResponse]
+
+
+class HealthStub(Protocol):
+    Check: grpc.aio.UnaryUnaryMultiCallable[
+        health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+    ]
+
+
 class RetrievalClient:
     def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
-        self.stub = pb_grpc.MemoryServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self.stub: MemoryStub = pb_grpc.MemoryServiceStub(self._channel)
+        # types-grpcio-health-checking declares HealthStub without its methods.
+        self._health = cast(HealthStub, health_pb2_grpc.HealthStub(self._channel))
 
     async def search(self, request: pb.SearchRequest) -> pb.SearchResponse:
         """Search; the stage timings the service reports go to

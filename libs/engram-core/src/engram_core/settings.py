@@ -10,7 +10,7 @@ naming the variable.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -130,7 +130,7 @@ class ConfigError(SystemExit):
     """Raised (and exits non-zero) when a service's configuration is invalid."""
 
 
-def load_settings(cls: type[S], **overrides: object) -> S:
+def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build settings from the environment, turning validation errors into a clear exit."""
     try:
         return cls(**overrides)

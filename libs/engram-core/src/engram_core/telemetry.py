@@ -53,6 +53,8 @@ class JsonLinesSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
+            if ctx is None:  # a span always has one; the SDK's signature allows None
+                continue
             lines.append(
                 json.dumps(
                     {

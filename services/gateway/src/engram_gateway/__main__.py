@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 
@@ -13,7 +14,7 @@ from engram_core.settings import load_settings
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
 
-log = get_logger("engram_gateway")
+log = get_logger(__name__)
 
 STARTUP_FAILED = 3
 
@@ -25,14 +26,14 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if self.started:
-            log.info("gateway listening", url=self.listen_url())
+            log.info("gateway.listening", url=self.listen_url())
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets)
         # uvicorn re-raises the stopping signal once serving ends, so the process would
         # die of it before main() flushes telemetry; a graceful stop is a normal exit.
         self._captured_signals.clear()
-        log.info("gateway stopped")
+        log.info("gateway.stopped")
 
     def listen_url(self) -> str:
         host, port = self.config.host, self.config.port
@@ -55,14 +56,14 @@ def main() -> None:
                 port=settings.gateway_port,
                 log_config=None,  # keep the structlog handlers configure_logging installed
                 lifespan="on",
-                timeout_graceful_shutdown=settings.gateway_publish_drain_s + 5,
+                timeout_graceful_shutdown=math.ceil(settings.gateway_publish_drain_s) + 5,
             )
         )
         server.run()
     finally:
         telemetry.shutdown()
     if not server.started:
-        log.error("gateway failed to start")
+        log.error("gateway.start_failed")
         sys.exit(STARTUP_FAILED)
 
 

@@ -128,7 +128,7 @@ async def consumers(request: Request) -> JSONResponse:
     except NotFoundError:  # no stream yet: no workers either
         infos, letters = [], []
     except Exception as exc:
-        log.warning("admin: consumers unavailable", error=type(exc).__name__)
+        log.warning("admin.consumers_unavailable", error=type(exc).__name__)
         raise _bus_unavailable() from None
     per_worker: dict[str, int] = {}
     for stored in letters:
@@ -150,7 +150,7 @@ async def dead_letters(
     except NotFoundError:
         letters = []
     except Exception as exc:
-        log.warning("admin: dead letters unavailable", error=type(exc).__name__)
+        log.warning("admin.dead_letters_unavailable", error=type(exc).__name__)
         raise _bus_unavailable() from None
     data = [
         DeadLetterOut(

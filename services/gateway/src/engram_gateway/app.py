@@ -45,7 +45,7 @@ async def _stop_broker(broker: NatsBroker) -> None:
         await broker.stop()  # drains: buffered publishes are flushed first
     except Exception as exc:
         # Draining needs a live connection; while NATS is down, just close.
-        log.warning("NATS drain failed, closing", error=repr(exc))
+        log.warning("gateway.nats_drain_failed", then="closing", error=repr(exc))
         with suppress(Exception):
             if not broker.connection.is_closed:
                 await broker.connection.close()
@@ -75,7 +75,10 @@ def create_app(
 
             http = make_http_client(settings)
             stack.push_async_callback(http.aclose)
-            HTTPX2ClientInstrumentor.instrument_client(http, tracer_provider=tracer_provider)
+            HTTPX2ClientInstrumentor.instrument_client(
+                http,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
+                tracer_provider=tracer_provider,
+            )
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
@@ -100,13 +103,14 @@ def create_app(
                 await stack.enter_async_context(mcp)
             if keys is None:
                 log.warning(
-                    "no API keys configured: single tenant, no authentication (local use only)",
+                    "auth.disabled",
+                    detail="single tenant, no authentication (local use only)",
                     tenant=DEFAULT_TENANT,
                 )
             else:
-                log.info("API keys configured", keys=len(keys.entries), tenants=len(keys.tenants))
+                log.info("auth.keys_configured", keys=len(keys.entries), tenants=len(keys.tenants))
             log.info(
-                "gateway ready",
+                "gateway.ready",
                 upstream=settings.llm_base_url,
                 retrieval=settings.retrieval_address,
                 nats=settings.nats_url,
@@ -114,7 +118,7 @@ def create_app(
                 ui=settings.gateway_ui,
             )
             yield
-            log.info("gateway stopping")
+            log.info("gateway.stopping")
 
     keys = settings.key_table
     app = FastAPI(
@@ -149,6 +153,7 @@ def create_app(
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )
+    # FastAPI's documented way to customise the schema is replacing this method.
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

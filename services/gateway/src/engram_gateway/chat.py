@@ -121,7 +121,7 @@ async def _record_user_turn(state: GatewayState, scope: TurnScope, text: str) ->
     try:
         await state.publisher.publish(scope.event("user", text))
     except TurnNotPersisted as exc:
-        log.error("user turn not persisted, reply withheld", error=str(exc))
+        log.error("turn.user_not_persisted", then="reply withheld", error=str(exc))
         raise _not_recorded("the reply was withheld") from None
 
 
@@ -189,7 +189,7 @@ async def chat_completions(request: Request) -> Response:
         headers["X-Engram-Memory-Hits"] = str(len(memory.hits))
     stream = forwarded.get("stream") is True
     log.info(
-        "chat request",
+        "chat.request",
         model=scope.model,
         stream=stream,
         memory=memory.status.value,
@@ -208,7 +208,7 @@ async def chat_completions(request: Request) -> Response:
         # Known before forwarding: do not spend the upstream's work on a reply that
         # would be withheld. A client that is reconnecting (a NATS node lost) is given
         # the publish retries' time to get there first.
-        log.error("user turn cannot be recorded (NATS not connected), request refused")
+        log.error("turn.user_not_recordable", reason="NATS not connected", then="request refused")
         raise _not_recorded("the request was not sent to the model")
 
     # The upstream call's span (gen_ai) ends when the reply is complete, streamed or not.
@@ -261,7 +261,7 @@ async def _complete(
     except ValueError:
         payload = None
     if not isinstance(payload, dict):
-        log.warning("upstream reply is not a JSON object; relayed as is")
+        log.warning("upstream.reply_not_json", then="relayed as is")
         return Response(
             upstream.content,
             status_code=upstream.status_code,
@@ -313,17 +313,17 @@ def _relay_stream(
             completed = True
         except httpx2.TimeoutException:
             call.fail("timeout")
-            log.warning("upstream stream timed out", timeout_s=state.settings.llm_timeout_s)
+            log.warning("upstream.stream_timeout", timeout_s=state.settings.llm_timeout_s)
             yield _sse_error(
                 "Upstream LLM stopped sending before the reply was complete.", "upstream_timeout"
             )
         except httpx2.HTTPError as exc:
             call.fail(type(exc).__name__)
-            log.warning("upstream stream broke", error=str(exc) or type(exc).__name__)
+            log.warning("upstream.stream_broken", error=str(exc) or type(exc).__name__)
             yield _sse_error(f"Upstream LLM stream broke: {exc}", "upstream_error")
         except (asyncio.CancelledError, GeneratorExit):
             call.fail("cancelled", "client went away mid-stream")
-            log.warning("client went away mid-stream; assistant turn not recorded")
+            log.warning("chat.client_gone_mid_stream", then="assistant turn not recorded")
             raise
         finally:
             with suppress(Exception):
@@ -334,7 +334,8 @@ def _relay_stream(
             return
         if not (completed and reader.complete):
             log.warning(
-                "stream incomplete; assistant turn not recorded",
+                "chat.stream_incomplete",
+                then="assistant turn not recorded",
                 done=reader.done,
                 error=reader.error,
             )

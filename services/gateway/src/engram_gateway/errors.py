@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engram_core.logging import get_logger
@@ -68,7 +68,7 @@ class GatewayError(Exception):
         self.param = param
         self.headers = dict(headers or {})
 
-    def response(self) -> JSONResponse:
+    def response(self) -> Response:
         return error_response(
             self.status,
             self.message,
@@ -88,7 +88,7 @@ def bad_request(
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-async def _gateway_error(_: Request, exc: Exception) -> JSONResponse:
+async def _gateway_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     return exc.response()
 
@@ -130,7 +130,7 @@ async def _retrieval_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RetrievalError)
     status = exc.http_status
     if status == 503:
-        log.warning("retrieval call failed", call=exc.call, code=exc.code.name)
+        log.warning("retrieval.call_failed", call=exc.call, code=exc.code.name)
         return error_response(
             503,
             f"The memory store is unavailable ({exc.call}: {exc.code.name}); retry later.",

@@ -88,9 +88,9 @@ class RequestGuardMiddleware:
             return
         except Exception:
             if state["started"]:
-                log.exception("request failed mid-response", path=scope.get("path"))
+                log.exception("request.failed_mid_response", path=scope.get("path"))
                 raise
-            log.exception("unhandled error", path=scope.get("path"))
+            log.exception("request.unhandled_error", path=scope.get("path"))
             body = error_body(
                 "The gateway hit an internal error.", type=SERVER_ERROR, code="internal_error"
             )
@@ -105,9 +105,7 @@ class RequestGuardMiddleware:
         self, scope: Scope, send: Send, state: dict[str, bool], exc: BaseException
     ) -> None:
         if isinstance(exc, _BodyTimeout):
-            log.info(
-                "request body timed out", path=scope.get("path"), timeout_s=self.body_timeout_s
-            )
+            log.info("request.body_timeout", path=scope.get("path"), timeout_s=self.body_timeout_s)
             if not state["started"]:
                 state["started"] = True
                 body = error_body(
@@ -119,4 +117,4 @@ class RequestGuardMiddleware:
                     await send(message)
             return
         # The client hung up (mid-upload, or before the answer): nobody to answer.
-        log.info("client went away", path=scope.get("path"), error=type(exc).__name__)
+        log.info("request.client_gone", path=scope.get("path"), error=type(exc).__name__)

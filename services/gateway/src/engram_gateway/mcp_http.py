@@ -47,7 +47,10 @@ def mount_mcp(
 
     @asynccontextmanager
     async def running() -> AsyncIterator[None]:
-        HTTPX2ClientInstrumentor.instrument_client(client, tracer_provider=tracer_provider)
+        HTTPX2ClientInstrumentor.instrument_client(
+            client,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
+            tracer_provider=tracer_provider,
+        )
         try:
             async with server.session_manager.run():
                 yield

@@ -158,7 +158,8 @@ async def _announce(state: GatewayState, events: list[MemoryChanged]) -> dict[st
             await publish_event(state.broker, event, retry_s=state.publisher.retry_s)
     except Exception as exc:
         log.error(
-            "memory change not announced; the mirror misses it",
+            "memory.change_not_announced",
+            then="the mirror misses it",
             error=f"{type(exc).__name__}",
             memory_ids=[e.memory.id for e in events],
         )
@@ -396,7 +397,7 @@ async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     )
     (event,) = await apply(state.memories, tenant, [Change(memory, "created", CAUSE)])
     headers = await _announce(state, [event])
-    log.info("memory created", memory_id=memory_id, conversation_id=conversation)
+    log.info("memory.created", memory_id=memory_id, conversation_id=conversation)
     return _json(_out(event.memory), 201, headers)
 
 
@@ -442,7 +443,7 @@ async def update_memory(
             state.memories, tenant, [current], by=new.id, at=now, cause=CAUSE
         )
     headers = await _announce(state, events)
-    log.info("memory updated", memory_id=new.id, history_id=old.id)
+    log.info("memory.updated", memory_id=new.id, history_id=old.id)
     return _json(_out(events[1].memory), 200, headers)
 
 
@@ -463,7 +464,7 @@ async def delete_memory(request: Request, memory_id: MemoryIdPath) -> JSONRespon
             state.memories, tenant, [memory], by="", at=utcnow(), cause=CAUSE
         )
     headers = await _announce(state, events)
-    log.info("memory deleted", memory_id=memory.id, with_history=len(doomed) - 1)
+    log.info("memory.deleted", memory_id=memory.id, with_history=len(doomed) - 1)
     return _json(
         DeletedMemory(id=memory.id, deleted_ids=[m.id for m in doomed if m.id in gone]),
         200,
@@ -511,7 +512,9 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
             await state.publisher.publish(event)
             event_ids.append(event.event_id)
     except (TurnNotPersisted, OSError, TimeoutError) as exc:
-        log.error("add: turn not persisted", error=type(exc).__name__, published=len(event_ids))
+        log.error(
+            "memory_add.turn_not_persisted", error=type(exc).__name__, published=len(event_ids)
+        )
         raise GatewayError(
             503,
             f"The event bus did not accept the text ({len(event_ids)} of {len(texts)} accepted"
@@ -520,7 +523,7 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
             type=SERVICE_UNAVAILABLE,
             code="turn_not_persisted",
         ) from None
-    log.info("memory add accepted", turns=len(event_ids), conversation_id=conversation)
+    log.info("memory_add.accepted", turns=len(event_ids), conversation_id=conversation)
     return _json(Accepted(event_ids=event_ids), 202)
 
 
@@ -550,7 +553,7 @@ async def event_status(
             else None
         )
     except Exception as exc:
-        log.warning("event status unavailable", error=type(exc).__name__)
+        log.warning("event_status.unavailable", error=type(exc).__name__)
         raise GatewayError(
             503,
             "Event status is unavailable; retry later.",

@@ -149,7 +149,8 @@ async def recall(
         result = await memories.search(query)
     except RetrievalError as exc:
         log.warning(
-            "memory unavailable, chat goes on without it",
+            "recall.unavailable",
+            then="the chat goes on without memory",
             code=exc.code.name,
             details=exc.details,
             retrieval=memories.client.address,

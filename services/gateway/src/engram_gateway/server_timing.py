@@ -50,4 +50,3 @@ class ServerTiming:
 
     def header(self) -> str:
         return ", ".join(f"{name};dur={s * 1e3:.2f}" for name, s in self.durations.items())
-

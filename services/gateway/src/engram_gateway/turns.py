@@ -171,7 +171,7 @@ class TurnPublisher:
         except Exception as exc:
             raise TurnNotPersisted(f"{type(exc).__name__}: {exc}") from exc
         log.debug(
-            "turn persisted",
+            "turn.persisted",
             event_id=event.event_id,
             role=event.role,
             seq=getattr(ack, "seq", None),
@@ -191,7 +191,7 @@ class TurnPublisher:
             await self.publish(event)
         except TurnNotPersisted as exc:
             log.error(
-                "assistant turn not persisted",
+                "turn.assistant_not_persisted",
                 event_id=event.event_id,
                 turn_id=event.turn_id,
                 error=str(exc),
@@ -207,4 +207,4 @@ class TurnPublisher:
         for task in still:
             task.cancel()
         if still:
-            log.error("assistant turns not persisted at shutdown", count=len(still))
+            log.error("turn.assistant_not_persisted_at_shutdown", count=len(still))

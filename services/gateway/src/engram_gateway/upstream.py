@@ -224,14 +224,14 @@ class Upstream:
                     response.status_code, response.content, response.headers
                 ) from None
             detail = _upstream_message(response)
-            log.warning("upstream error", status=response.status_code, detail=detail)
+            log.warning("upstream.error", status=response.status_code, detail=detail)
             raise upstream_failed(response.status_code, detail) from None
         except APITimeoutError:
-            log.warning("upstream timeout", timeout_s=self.settings.llm_timeout_s)
+            log.warning("upstream.timeout", timeout_s=self.settings.llm_timeout_s)
             raise upstream_timeout(self.settings.llm_timeout_s) from None
         except APIConnectionError as exc:
             detail = str(exc.__cause__ or exc)
-            log.warning("upstream unreachable", error=detail, base_url=self.settings.llm_base_url)
+            log.warning("upstream.unreachable", error=detail, base_url=self.settings.llm_base_url)
             raise upstream_failed(None, detail) from None
 
     async def send(
@@ -253,5 +253,5 @@ class Upstream:
         except httpx2.TimeoutException:
             raise upstream_timeout(self.settings.llm_timeout_s) from None
         except httpx2.HTTPError as exc:
-            log.warning("upstream unreachable", error=str(exc), base_url=self.settings.llm_base_url)
+            log.warning("upstream.unreachable", error=str(exc), base_url=self.settings.llm_base_url)
             raise upstream_failed(None, str(exc) or type(exc).__name__) from None

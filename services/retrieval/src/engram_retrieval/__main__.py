@@ -18,7 +18,7 @@ def main() -> None:
     try:
         asyncio.run(serve(settings))
     except (ModelFilesError, StartupError, StoreError) as exc:
-        get_logger("engram.retrieval").error("retrieval failed to start", error=str(exc))
+        get_logger(__name__).error("retrieval.start_failed", error=str(exc))
         sys.exit(1)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import numpy as np
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from engram_core import semconv
 from engram_core.lifecycle import is_corrected, summary_memory_id
@@ -285,7 +286,10 @@ class SearchPipeline:
         self, query: SearchQuery, scopes: list[Scope], params: RankingParams, now: datetime
     ) -> Ranked:
         timings = Timings()
-        attrs = {semconv.ENGRAM_TENANT: query.tenant, semconv.ENGRAM_TOP_K: params.top_k}
+        attrs: dict[str, AttributeValue] = {
+            semconv.ENGRAM_TENANT: query.tenant,
+            semconv.ENGRAM_TOP_K: params.top_k,
+        }
         with self.tracer.start_as_current_span("embed", attributes=attrs) as span:
             t = time.perf_counter()
             text = expand_first_person(query.text) if self.first_person_expansion else query.text

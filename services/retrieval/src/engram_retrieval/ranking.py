@@ -222,7 +222,8 @@ def context_smoothed(
     padded = np.append(n, 0.0)  # index -1 reads the 0 appended here
     neighbour = np.maximum(padded[before], padded[after])
     lo, hi = float(base.min()), float(base.max())
-    return lo + (hi - lo) * (n + context_weight * neighbour) / (1.0 + context_weight)
+    boosted: np.ndarray = lo + (hi - lo) * (n + context_weight * neighbour) / (1.0 + context_weight)
+    return boosted
 
 
 def window_boosted(
@@ -334,7 +335,8 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, dtype=np.float64)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     unit = vectors / np.maximum(norms, 1e-12)
-    return unit @ unit.T
+    cosines: np.ndarray = unit @ unit.T
+    return cosines
 
 
 def mmr_select(
@@ -411,8 +413,8 @@ def rank(
     if keep.size == 0:
         return RankingResult(Outcome.NOTHING_RELEVANT, considered=n)
     # Equal objectives go to the smaller id, whatever order the store returned them in.
-    keep = keep[np.argsort([candidates[i].id for i in keep], kind="stable")]
-    vectors = np.stack([np.asarray(candidates[i].vector, dtype=np.float64) for i in keep])
+    keep = keep[np.argsort([candidates[int(i)].id for i in keep], kind="stable")]
+    vectors = np.stack([np.asarray(candidates[int(i)].vector, dtype=np.float64) for i in keep])
     picked = mmr_select(tot[keep], vectors, params.mmr_lambda, params.top_k)
     hits = facts_before_sources([scored(int(keep[j]), mmr) for j, mmr in picked])
     return RankingResult(Outcome.RANKED, facts_first(hits, params.fact_margin), considered=n)

@@ -30,7 +30,7 @@ from engram_retrieval.service import MemoryServicer
 from engram_retrieval.settings import RetrievalSettings
 from engram_retrieval.store import MemoryStore, open_store
 
-log = get_logger("engram.retrieval")
+log = get_logger(__name__)
 
 _MAX_MESSAGE = 64 * 1024 * 1024
 
@@ -172,7 +172,7 @@ async def serve(settings: RetrievalSettings) -> None:
         instrument_grpc_server()
         running = await build_server(settings)
         log.info(
-            "retrieval listening",
+            "retrieval.listening",
             address=running.address,
             store=settings.store_kind,
             scorer=running.servicer.pipeline.scorer.name,
@@ -183,8 +183,8 @@ async def serve(settings: RetrievalSettings) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        log.info("retrieval stopping", grace_s=settings.shutdown_grace_s)
+        log.info("retrieval.stopping", grace_s=settings.shutdown_grace_s)
         await running.stop()
-        log.info("retrieval stopped")
+        log.info("retrieval.stopped")
     finally:
         telemetry.shutdown()

@@ -13,7 +13,7 @@ import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 import numpy as np
@@ -21,7 +21,7 @@ import numpy as np
 from engram_core import semconv
 from engram_core.logging import get_logger
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, ScopeName, SearchQuery
-from engram_core.proto import KIND_NAMES, from_timestamp, pb, pb_grpc, to_timestamp
+from engram_core.proto import KIND_NAMES, from_timestamp, kind_name, pb, pb_grpc, to_timestamp
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.payload import (
     build_payload,
@@ -44,7 +44,7 @@ from engram_retrieval.store import (
     StoreError,
 )
 
-log = get_logger("engram.retrieval")
+log = get_logger(__name__)
 
 _KINDS: dict[int, MemoryKindName] = {
     pb.MEMORY_KIND_TURN: "turn",
@@ -60,14 +60,14 @@ MAX_IDS = 1000
 DEFAULT_SCOPES_LIMIT = 100
 MAX_SCOPES_LIMIT = 1000
 
-_OUTCOMES: dict[OutcomeName, int] = {
+_OUTCOMES: dict[OutcomeName, pb.SearchOutcome] = {
     "ranked": pb.SEARCH_OUTCOME_RANKED,
     "small_store": pb.SEARCH_OUTCOME_SMALL_STORE,
     "nothing_relevant": pb.SEARCH_OUTCOME_NOTHING_RELEVANT,
     "empty": pb.SEARCH_OUTCOME_EMPTY,
     "overview": pb.SEARCH_OUTCOME_OVERVIEW,
 }
-_SCOPES: dict[int, ScopeName] = {
+_SCOPES: dict[pb.Scope, ScopeName] = {
     pb.SCOPE_CONVERSATION: "conversation",
     pb.SCOPE_USER: "user",
     pb.SCOPE_GLOBAL: "global",
@@ -106,14 +106,14 @@ def _rpc(
             code = exc.code if isinstance(exc, RequestError) else grpc.StatusCode.INVALID_ARGUMENT
             await context.abort(code, exc.message)
         except StoreError as exc:
-            log.error("store unavailable", rpc=fn.__name__, error=str(exc))
+            log.error("store.unavailable", rpc=fn.__name__, error=str(exc))
             await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
         except Exception as exc:
             if _disk_full(exc):
                 # Callers retry UNAVAILABLE until space is freed (nothing is dead-lettered).
-                log.error("store disk full", rpc=fn.__name__, error=str(exc))
+                log.error("store.disk_full", rpc=fn.__name__, error=str(exc))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store: disk full")
-            log.exception("rpc failed", rpc=fn.__name__)
+            log.exception("rpc.failed", rpc=fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__} failed")
         raise AssertionError("unreachable: context.abort raises")
 
@@ -129,9 +129,10 @@ def _require_tenant(tenant: str) -> str:
 def _kind_names(kinds: Sequence[int], default: Sequence[str], field: str) -> tuple[str, ...]:
     names = []
     for kind in kinds:
-        if kind not in KIND_NAMES:
+        name = kind_name(kind)
+        if name == "unspecified":
             raise RequestError(f"{field}: unknown memory kind {kind}")
-        names.append(KIND_NAMES[kind])
+        names.append(name)
     return tuple(dict.fromkeys(names)) if names else tuple(default)
 
 
@@ -197,17 +198,18 @@ def _filter_from(
         source_ids=tuple(flt.source_ids),
         role=flt.role or None,
         include_superseded=flt.include_superseded,
-        **_created_bounds(flt),
+        created_after=_created_bound(flt, "created_after"),
+        created_before=_created_bound(flt, "created_before"),
     )
 
 
-def _created_bounds(flt: pb.MemoryFilter) -> dict[str, str]:
-    """``created_after``/``created_before`` as the payload's timestamps (only those set)."""
-    bounds = {}
-    for name in ("created_after", "created_before"):
-        if flt.HasField(name):
-            bounds[name] = format_ts(getattr(flt, name).ToDatetime(tzinfo=UTC))
-    return bounds
+def _created_bound(
+    flt: pb.MemoryFilter, name: Literal["created_after", "created_before"]
+) -> str | None:
+    """A ``created_at`` bound as the payload's timestamps, or None when not set."""
+    if not flt.HasField(name):
+        return None
+    return format_ts(getattr(flt, name).ToDatetime(tzinfo=UTC))
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
@@ -260,7 +262,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             response.summary.CopyFrom(payload_to_memory(ranked.summary.id, ranked.summary.payload))
         response.profile.extend(payload_to_memory(p.id, p.payload) for p in ranked.profile)
         log.debug(
-            "search",
+            "search.served",
             tenant=request.tenant,
             outcome=ranked.outcome,
             hits=len(ranked.hits),
@@ -345,7 +347,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
                 f"ids already exist: {', '.join(exc.ids)}", grpc.StatusCode.ALREADY_EXISTS
             ) from exc
         log.debug(
-            "upsert",
+            "upsert.applied",
             tenant=tenant,
             created=sum(r.status == pb.UPSERT_STATUS_CREATED for r in results),
             updated=sum(r.status == pb.UPSERT_STATUS_UPDATED for r in results),
@@ -455,9 +457,9 @@ def _ids(raw_ids: Sequence[str]) -> list[tuple[str, str | None]]:
     return list(dict.fromkeys((raw, normalize_id(raw)) for raw in raw_ids))
 
 
-def _result(point_id: str, status: int, payload: dict[str, Any]) -> pb.UpsertResult:
+def _result(point_id: str, status: pb.UpsertStatus, payload: dict[str, Any]) -> pb.UpsertResult:
     """The outcome of one memory, with the stored timestamps."""
-    result = pb.UpsertResult(id=point_id, status=status)  # type: ignore[arg-type]
+    result = pb.UpsertResult(id=point_id, status=status)
     result.created_at.CopyFrom(to_timestamp(parse_ts(payload["created_at"])))
     result.updated_at.CopyFrom(to_timestamp(parse_ts(payload["updated_at"])))
     return result

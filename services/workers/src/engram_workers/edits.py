@@ -46,7 +46,11 @@ class EditsSettings(WorkerSettings):
     )
 
 
-async def apply_edit(event: MemoryEdited, delivery: Delivery) -> None:
+#: The edits worker opens no resources of its own.
+EditsDelivery = Delivery[EditsSettings, None]
+
+
+async def apply_edit(event: MemoryEdited, delivery: EditsDelivery) -> None:
     if event.op == "upserted":
         events = await _upsert(event, delivery)
     else:
@@ -59,7 +63,7 @@ def _content_changed(stored: MemoryRecord, edited: MemoryRecord) -> bool:
     return lifecycle.text_changed(stored, edited) or sorted(stored.tags) != sorted(edited.tags)
 
 
-async def _upsert(event: MemoryEdited, delivery: Delivery) -> list[MemoryChanged]:
+async def _upsert(event: MemoryEdited, delivery: EditsDelivery) -> list[MemoryChanged]:
     tenant, memories = event.tenant, delivery.memories
     edited = event.memory.model_copy(update={"updated_at": None})
     stored = await memories.get_one(tenant, edited.id)
@@ -101,7 +105,7 @@ async def _upsert(event: MemoryEdited, delivery: Delivery) -> list[MemoryChanged
     return events
 
 
-async def _delete(event: MemoryEdited, delivery: Delivery) -> list[MemoryChanged]:
+async def _delete(event: MemoryEdited, delivery: EditsDelivery) -> list[MemoryChanged]:
     tenant, memories = event.tenant, delivery.memories
     memory_id = event.memory.id
     found = await memories.get_one(tenant, memory_id)

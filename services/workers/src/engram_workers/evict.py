@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import Field
 
@@ -65,9 +64,14 @@ class EvictSettings(WorkerSettings, LockSettingsMixin):
     )
 
 
+EvictDelivery = Delivery[EvictSettings, KeyLocks]
+
+
 @asynccontextmanager
-async def open_resources(worker: Worker[Any]) -> AsyncIterator[KeyLocks]:
-    settings: EvictSettings = worker.settings  # type: ignore[assignment]
+async def open_resources(
+    worker: Worker[MemoryChanged, EvictSettings, KeyLocks],
+) -> AsyncIterator[KeyLocks]:
+    settings = worker.settings
     async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
         yield locks
 
@@ -126,17 +130,17 @@ def _counted_scope(event: MemoryChanged) -> MemoryFilter:
     )
 
 
-async def evict(event: MemoryChanged, delivery: Delivery) -> None:
+async def evict(event: MemoryChanged, delivery: EvictDelivery) -> None:
     if event.op != "created":
         return
-    settings: EvictSettings = delivery.worker.settings  # type: ignore[assignment]
+    settings = delivery.settings
     # Counted first without the lock: most changes leave the conversation under its
     # limit, and the lock costs three JetStream round trips. A change is published after
     # its memory is stored, so the count of the last change always sees every memory.
     counted = await delivery.memories.count(event.tenant, _counted_scope(event))
     if counted.total <= settings.max_entries:
         return
-    locks: KeyLocks = delivery.resources
+    locks = delivery.resources
     try:
         async with locks.hold("evict", event.tenant, event.user_id, event.conversation_id):
             await _enforce_limit(delivery, event, settings.max_entries)
@@ -144,7 +148,7 @@ async def evict(event: MemoryChanged, delivery: Delivery) -> None:
         raise RetryableError(f"evict lock: {exc}") from exc
 
 
-async def _enforce_limit(delivery: Delivery, event: MemoryChanged, max_entries: int) -> None:
+async def _enforce_limit(delivery: EvictDelivery, event: MemoryChanged, max_entries: int) -> None:
     tenant, memories = event.tenant, delivery.memories
     scope = _counted_scope(event)
     counted = await memories.count(tenant, scope)

@@ -1,7 +1,7 @@
 """Fact extraction: one user turn → 0-3 atomic facts and structured profile facts.
 
 Called by the ingest worker after the turn is indexed. One ``extract_facts`` LLM call
-(JSON schema output, tolerant parsing and a re-ask inside :class:`LlmClient`); the
+(:mod:`engram_workers.prompts`, asked under the workers' one policy); the
 answer is cleaned and, when anything was found, becomes one ``FactProposed`` event
 whose id derives from the turn, so a re-extracted turn is de-duplicated by JetStream.
 Assistant turns are never extracted.
@@ -10,70 +10,20 @@ Assistant turns are never extracted.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime
 
 from engram_core.events import FactProposed, TurnPersisted, deterministic_event_id
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, ProposedProfileFact
 from engram_core.memory_port import MemoryPort
-from engram_workers import tasks
-from engram_workers.llm import LlmClient
+from engram_workers import prompts
+from engram_workers.llm import Ask, FellBack
 
 log = get_logger(__name__)
 
 #: Longest earlier message (characters) shown to the model as context.
 CONTEXT_CHARS = 500
-
-EXTRACT_INSTRUCTIONS = """\
-You extract durable facts about the user from ONE message the user just sent.
-
-Input (JSON): "message" is the user's message; "date" is when it was sent (ISO 8601);
-"recent_context" holds a few earlier messages of the conversation, oldest first, each
-prefixed with its role. Use recent_context ONLY to resolve references such as "she",
-"it" or "that city"; never extract anything that only the context or the assistant says.
-
-Answer with one JSON object: {"facts": [...], "profile": [...]}.
-
-"facts": 0 to 3 short, atomic, standalone statements about the user, each understandable
-on its own, months later, without the conversation.
-- Third person, starting from "User": "I love pizza" -> "User loves pizza";
-  "my wife is Anne" -> "User's wife is named Anne".
-- One piece of information per fact; split compound sentences; if there are more than
-  3, keep the 3 most durable and specific.
-- Resolve pronouns and references; turn relative dates into absolute ones using "date"
-  ("last year", said in 2026 -> "in 2025").
-- Keep names, numbers and values exactly as the user gave them; do not guess, generalise
-  or add anything that was not said.
-- A correction ("sorry, her name is Anne, not Jane") is stated as the corrected fact
-  ("User's wife is named Anne").
-- No facts from greetings, thanks, small talk, questions, requests for help,
-  hypotheticals, or statements about the assistant or the world in general.
-  If the message holds nothing durable about the user, "facts" is [].
-
-"profile": stable attributes of the user the message states, each
-{"category", "key", "value", "confidence", "importance"}:
-- "category": "identity" (name, age, home, job, family, pets), "preference" (likes,
-  dislikes, favourites, style), "constraint" (allergies, diet, budget, health,
-  availability), or "instruction" (how the user wants to be answered: language, tone,
-  format, length).
-- "key": short snake_case, reusable so that a later value replaces an earlier one:
-  "name", "home_city", "occupation", "wife_name", "diet", "allergy", "favorite_food",
-  "response_language".
-- "value": the value alone ("Anne", "vegetarian", "Portuguese").
-- "confidence" 0-1: 0.9 or more when stated plainly, about 0.5 when hedged ("I think",
-  "maybe"), lower when only implied.
-- "importance" 0-1: how much it should shape future answers (allergies and instructions
-  high, trivia low).
-- [] when the message states no such attribute.
-
-Examples:
-"Hi there!" -> {"facts": [], "profile": []}
-"Can you recommend a book?" -> {"facts": [], "profile": []}
-"My wife Anne and I just moved to Lisbon." -> {"facts": ["User's wife is named Anne",
-"User moved to Lisbon"], "profile": [{"category": "identity", "key": "wife_name",
-"value": "Anne", "confidence": 0.95, "importance": 0.7}, {"category": "identity",
-"key": "home_city", "value": "Lisbon", "confidence": 0.9, "importance": 0.6}]}
-"""
 
 
 def normalise_key(key: str) -> str:
@@ -81,7 +31,7 @@ def normalise_key(key: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", key.strip().lower()).strip("_")
 
 
-def clean_output(output: tasks.ExtractOutput) -> tuple[list[str], list[ProposedProfileFact]]:
+def clean_output(output: prompts.ExtractOutput) -> tuple[list[str], list[ProposedProfileFact]]:
     """Trim, drop empties and repeats, keep at most 3 facts; one profile entry per
     (category, key), the most confident."""
     facts: list[str] = []
@@ -128,24 +78,24 @@ async def recent_context(
     return earlier[::-1]
 
 
+@dataclass(frozen=True)
+class Extraction:
+    facts: list[str]
+    profile: list[ProposedProfileFact]
+    model: str
+
+
 async def extract(
-    llm: LlmClient,
-    *,
-    model: str,
-    message: str,
-    date: datetime,
-    context: list[str],
-) -> tuple[list[str], list[ProposedProfileFact]]:
-    """One ``extract_facts`` call. Raises the client's errors unchanged."""
-    payload = tasks.ExtractInput(message=message, date=date.isoformat(), recent_context=context)
-    output = await llm.structured(
-        task=tasks.EXTRACT_FACTS,
-        model=model,
-        instructions=EXTRACT_INSTRUCTIONS,
-        payload=payload.model_dump(),
-        schema=tasks.ExtractOutput,
-    )
-    return clean_output(output)
+    ask: Ask, *, message: str, date: datetime, context: list[str]
+) -> Extraction | FellBack:
+    """One ``extract_facts`` call, its answer cleaned; or the policy's fallback (the
+    turn stays searchable and nothing is learned from it)."""
+    payload = prompts.ExtractInput(message=message, date=date.isoformat(), recent_context=context)
+    answer = await ask(prompts.EXTRACT_FACTS, payload)
+    if isinstance(answer, FellBack):
+        return answer
+    facts, profile = clean_output(answer.output)
+    return Extraction(facts, profile, answer.model)
 
 
 def fact_proposed(

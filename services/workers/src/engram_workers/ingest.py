@@ -25,7 +25,6 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field
 
@@ -36,17 +35,9 @@ from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.memory_writes import Change, apply
 from engram_workers import extraction
-from engram_workers.llm import (
-    LlmClient,
-    LlmOutputError,
-    LlmRequestError,
-    LlmSettingsMixin,
-    LlmUnavailable,
-)
+from engram_workers.llm import AskLlm, FellBack, LlmClient, LlmSettingsMixin
 from engram_workers.runtime import (
     Delivery,
-    PermanentError,
-    RetryableError,
     Worker,
     WorkerSettings,
     WorkerSpec,
@@ -58,10 +49,8 @@ log = get_logger(__name__)
 #: Fixed forever: changing it would give every stored turn a new id.
 TURN_ID_NAMESPACE = uuid.UUID("6f1d3c52-8a57-4f55-9a0e-2f1e8a5b7c31")
 
-NO_MODEL = (
-    "no model configured for extraction: set ENGRAM_LLM_MODEL (or ENGRAM_EXTRACTION_MODEL), "
-    "or send `model`; then `engram reextract` learns from the stored turns"
-)
+#: Appended to the reason a followed turn was skipped for: nothing is lost.
+REEXTRACT_HINT = "the turn is stored; `engram reextract` learns from it later"
 EXTRACTION_DISABLED = "extraction is disabled (ENGRAM_EXTRACTION_ENABLED=false)"
 
 
@@ -74,8 +63,8 @@ class IngestSettings(WorkerSettings, LlmSettingsMixin):
     )
     extraction_model: str = Field(
         default="",
-        description="Model for fact extraction; empty: the turn's chat model, then "
-        "ENGRAM_LLM_MODEL.",
+        description="Model for fact extraction; empty: ENGRAM_LLM_MODEL, then the turn's "
+        "chat model.",
     )
     extraction_context_turns: int = Field(
         default=4,
@@ -92,9 +81,14 @@ class IngestResources:
     statuses: EventStatusStore | None = None  # followed events (POST /v1/memories/add)
 
 
+IngestDelivery = Delivery[IngestSettings, IngestResources]
+
+
 @asynccontextmanager
-async def ingest_resources(worker: Worker[Any]) -> AsyncIterator[IngestResources]:
-    settings: IngestSettings = worker.settings  # type: ignore[assignment]
+async def ingest_resources(
+    worker: Worker[TurnPersisted, IngestSettings, IngestResources],
+) -> AsyncIterator[IngestResources]:
+    settings = worker.settings
     llm = LlmClient(settings) if settings.extraction_enabled else None
     try:
         async with EventStatusStore.connect(
@@ -133,7 +127,7 @@ def turn_memory(event: TurnPersisted) -> MemoryRecord:
     )
 
 
-def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: Delivery) -> bool:
+def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: IngestDelivery) -> bool:
     """A turn already stored as it is now, seen again in a new message: nothing to do.
     A redelivery of the same message is not a repeat (the first delivery may have
     stopped half-way), nor is a re-extraction, nor a replay of its dead letter (the
@@ -142,8 +136,8 @@ def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: Deliv
     return stored is not None and stored.text == event.text and not again
 
 
-async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
-    resources: IngestResources | None = delivery.resources
+async def index_turn(event: TurnPersisted, delivery: IngestDelivery) -> None:
+    resources = delivery.resources
     if not event.text.strip():
         # Nothing to search for; a tool-call-only assistant turn, for example.
         log.info("turn.skipped", reason="empty text", turn_id=event.turn_id, role=event.role)
@@ -173,7 +167,7 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
         await delivery.worker.publish(announcement)
     if event.role != "user":
         await record_status(event, resources)
-    elif resources is None or resources.llm is None:
+    elif resources.llm is None:
         await record_status(event, resources, skipped=EXTRACTION_DISABLED)
     else:
         await extract_and_propose(event, memory.id, delivery, resources)
@@ -181,7 +175,7 @@ async def index_turn(event: TurnPersisted, delivery: Delivery) -> None:
 
 async def record_status(
     event: TurnPersisted,
-    resources: IngestResources | None,
+    resources: IngestResources,
     *,
     follow_up: str = "",
     skipped: str = "",
@@ -190,7 +184,7 @@ async def record_status(
     ``follow_up``. Unfollowed turns (chats) cost one KV read. Best effort: a status
     store that stays unreachable (retried for ``ENGRAM_PUBLISH_RETRY_S``) never holds
     back or drops the facts; the followed turn then stays pending."""
-    statuses = resources.statuses if resources is not None else None
+    statuses = resources.statuses
     if statuses is None:
         return
     await record_event_status(
@@ -199,43 +193,34 @@ async def record_status(
         event.event_id,
         follow_up=follow_up,
         skipped=skipped,
-        budget_s=resources.settings.retry_policy.publish_retry_s if resources else 0.0,
+        budget_s=resources.settings.retry_policy.publish_retry_s,
     )
 
 
 async def extract_and_propose(
-    event: TurnPersisted, memory_id: str, delivery: Delivery, resources: IngestResources
+    event: TurnPersisted, memory_id: str, delivery: IngestDelivery, resources: IngestResources
 ) -> None:
     """Extract facts from a user turn and publish them for reconcile; the turn is
     indexed already, so a retry (LLM unavailable) only repeats this part in effect."""
     llm = resources.llm
     assert llm is not None
     settings = resources.settings
-    model = settings.extraction_model or event.model or llm.default_model
-    if not model:
-        log.warning("extraction.skipped", reason="no model configured", memory_id=memory_id)
-        await record_status(event, resources, skipped=NO_MODEL)
-        return
     context = await extraction.recent_context(
         delivery.memories, event, memory_id, settings.extraction_context_turns
     )
-    try:
-        facts, profile = await extraction.extract(
-            llm, model=model, message=event.text, date=event.created_at, context=context
-        )
-    except LlmUnavailable as exc:
-        raise RetryableError(f"extraction: {exc}") from exc
-    except LlmOutputError as exc:
-        # The client already re-asked; the raw turn stays searchable.
-        log.warning("extraction.gave_up", memory_id=memory_id, model=model, error=str(exc))
-        await record_status(
-            event, resources, skipped=f"the model's answer was unusable ({model}): {exc}"
-        )
+    ask = AskLlm(
+        llm,
+        task_model=settings.extraction_model,
+        chat_models=(event.model,),
+        last_chance=delivery.last_chance,
+    )
+    extracted = await extraction.extract(
+        ask, message=event.text, date=event.created_at, context=context
+    )
+    if isinstance(extracted, FellBack):
+        await record_status(event, resources, skipped=f"{extracted.reason}; {REEXTRACT_HINT}")
         return
-    except LlmRequestError as exc:
-        # A refused request (bad key, unknown model) will not pass next time either:
-        # dead-letter so the turn can be re-driven once the configuration is fixed.
-        raise PermanentError(f"extraction: {exc}") from exc
+    facts, profile = extracted.facts, extracted.profile
     log.info("extraction.done", memory_id=memory_id, facts=len(facts), profile=len(profile))
     if not facts and not profile:
         await record_status(event, resources)

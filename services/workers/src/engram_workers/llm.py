@@ -1,18 +1,30 @@
-"""The workers' LLM client: structured JSON answers from any OpenAI-compatible server.
+"""The workers' LLM client and the one policy every task follows.
 
-Every call asks for JSON matching a pydantic schema. ``response_format`` with a
+:class:`LlmClient` asks for JSON matching a pydantic schema. ``response_format`` with a
 ``json_schema`` is sent where the upstream supports it; an upstream that rejects it
 (HTTP 400 naming ``response_format``) is remembered and asked again without it. The
 reply is parsed tolerantly (code fences, prose around the object) and validated; an
-invalid reply is retried with the validation error shown to the model, then
-:class:`LlmOutputError` is raised so the caller can take its documented fallback.
+invalid reply is re-asked once with the validation error shown to the model.
 
 Prompts follow one convention that makes them easy to read in traces and to script in
 tests: the system message starts with ``engram-task: <task>`` and the user message is
-the task's input as one JSON object.
+the task's input as one JSON object. The tasks themselves (instructions and schemas)
+live in :mod:`engram_workers.prompts`.
 
-Transient upstream failures (429, 5xx, timeouts, connection errors) raise
-:class:`LlmUnavailable`, which workers treat as retryable (nak with backoff).
+:class:`AskLlm` is the policy (docs/workers.md, "When the model fails"):
+
+- **model**: the task's own setting (``ENGRAM_EXTRACTION_MODEL`` ...), else
+  ``ENGRAM_LLM_MODEL``, else the chat model the user talked to. Configured beats
+  inferred: the workers' upstream need not serve the chat's model.
+- **no model known** or an **unusable answer** (after the re-ask): the task's fallback.
+- **unavailable** (429, 5xx, timeout, connection): retried by the bus, by time, until
+  the retry horizon; on the delivery that would be the last, the task's fallback.
+- **refused** (any other 4xx: a bad key, an unknown model): a dead letter, since the
+  same request will be refused again; replay it once the settings are fixed.
+
+A fallback never loses what the user said: ingest keeps the turn searchable (and
+``engram reextract`` learns from it later), reconcile adds the facts, summarize writes
+a rule-based summary.
 """
 
 from __future__ import annotations
@@ -20,18 +32,25 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any, Literal, TypeVar
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
+from engram_core import metrics, semconv
 from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
 from engram_core.retry import TransientError
+from engram_workers.runtime import DependencyUnavailable, PermanentError
 
 log = get_logger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+In = TypeVar("In", bound=BaseModel)
+Out = TypeVar("Out", bound=BaseModel)
 
 TASK_PREFIX = "engram-task:"
 JsonMode = Literal["auto", "json_schema", "json_object", "none"]
@@ -43,7 +62,9 @@ class LlmSettingsMixin(BaseModel):
     llm_base_url: str = Field(default="http://localhost:11434/v1")
     llm_api_key: SecretStr | None = Field(default=None)
     llm_model: str = Field(
-        default="", description="Model for worker calls when no better one is known."
+        default="",
+        description="Model for every worker task without a model setting of its own; "
+        "empty: the chat model the user talked to.",
     )
     llm_timeout_s: float = Field(default=60.0, gt=0)
     llm_json_mode: JsonMode = Field(
@@ -93,7 +114,9 @@ def extract_json(text: str) -> Any:
     raise ValueError("no JSON object found in the reply")
 
 
-def _strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+def _lenient_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``response_format.json_schema`` without strict mode: strict mode refuses the
+    optional fields and defaults our schemas use, and the reply is validated anyway."""
     return {"name": schema.get("title", "answer"), "schema": schema, "strict": False}
 
 
@@ -101,7 +124,7 @@ def _strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
 def _response_schema(schema: type[BaseModel]) -> dict[str, Any]:
     """A task's ``json_schema`` response format, built once per schema (pydantic's JSON
     schema generation costs about half a millisecond a call)."""
-    return _strict_schema(schema.model_json_schema())
+    return _lenient_json_schema(schema.model_json_schema())
 
 
 class LlmClient:
@@ -121,12 +144,6 @@ class LlmClient:
     async def close(self) -> None:
         await self._client.close()
 
-    def model_for(self, *preferred: str) -> str:
-        for model in (*preferred, self.default_model):
-            if model:
-                return model
-        raise LlmRequestError("no model configured (set ENGRAM_LLM_MODEL)")
-
     async def structured(
         self,
         *,
@@ -137,7 +154,7 @@ class LlmClient:
         schema: type[M],
     ) -> M:
         """One task's JSON answer, validated against ``schema``."""
-        messages: list[dict[str, str]] = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": f"{TASK_PREFIX} {task}\n{instructions}"},
             {"role": "user", "content": json.dumps(payload, ensure_ascii=False, default=str)},
         ]
@@ -163,7 +180,11 @@ class LlmClient:
         raise LlmOutputError(f"{task}: invalid output after retries: {last_error}")
 
     async def _complete(
-        self, task: str, model: str, messages: list[dict[str, str]], schema: type[BaseModel]
+        self,
+        task: str,
+        model: str,
+        messages: list[ChatCompletionMessageParam],
+        schema: type[BaseModel],
     ) -> str:
         extra: dict[str, Any] = {}
         mode = self.json_mode
@@ -182,7 +203,7 @@ class LlmClient:
                     model=model,
                     messages=messages,
                     temperature=0,
-                    **extra,  # type: ignore[arg-type]
+                    **extra,
                 )
             except openai.BadRequestError as exc:
                 call.fail("400", "bad request")
@@ -220,3 +241,114 @@ def _error_type(exc: openai.APIError) -> str:
     """The HTTP status when there was an answer, else the kind of failure (error.type)."""
     status = getattr(exc, "status_code", None)
     return str(status) if status else type(exc).__name__
+
+
+# --- the tasks and the policy ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlmTask(Generic[In, Out]):
+    """One thing the workers ask a model (the instances: :mod:`engram_workers.prompts`)."""
+
+    name: str  # the ``engram-task:`` name
+    #: A ``str.format`` template when the task takes parameters (see :meth:`render`).
+    instructions: str
+    input: type[In]
+    output: type[Out]
+    #: The variable that picks this task's model, named when no model is known.
+    model_setting: str
+
+    def render(self, **params: object) -> str:
+        return self.instructions.format(**params) if params else self.instructions
+
+
+FallbackKind = Literal["no_model", "unusable", "unavailable"]
+
+
+@dataclass(frozen=True)
+class Answered(Generic[Out]):
+    output: Out
+    model: str
+
+
+@dataclass(frozen=True)
+class FellBack:
+    """The task's documented fallback applies; ``reason`` says why (logged, and stored
+    where the fallback's result is)."""
+
+    kind: FallbackKind
+    reason: str
+    model: str = ""
+
+
+class Ask(Protocol):
+    """Ask a task's model; what the planning cores take (tests pass a fake)."""
+
+    async def __call__(
+        self, task: LlmTask[In, Out], payload: In, **params: object
+    ) -> Answered[Out] | FellBack: ...
+
+
+def choose_model(task_model: str, default_model: str, chat_models: Iterable[str]) -> str:
+    """The task's setting, else ``ENGRAM_LLM_MODEL``, else the first chat model known
+    (callers list the newest first); "" when none is known."""
+    return next((m for m in (task_model, default_model, *chat_models) if m), "")
+
+
+@dataclass(frozen=True)
+class AskLlm:
+    """The policy of the module docstring, for one delivery."""
+
+    llm: LlmClient
+    task_model: str = ""
+    chat_models: Sequence[str] = ()
+    #: The delivery's :attr:`~engram_workers.runtime.Delivery.last_chance`.
+    last_chance: bool = False
+
+    async def __call__(
+        self, task: LlmTask[In, Out], payload: In, **params: object
+    ) -> Answered[Out] | FellBack:
+        model = choose_model(self.task_model, self.llm.default_model, self.chat_models)
+        if not model:
+            return _fell_back(
+                task,
+                "no_model",
+                f"no model configured for {task.name}: set ENGRAM_LLM_MODEL (or "
+                f"{task.model_setting}), or send `model` with the chat",
+            )
+        try:
+            output = await self.llm.structured(
+                task=task.name,
+                model=model,
+                instructions=task.render(**params),
+                payload=payload.model_dump(),
+                schema=task.output,
+            )
+        except LlmUnavailable as exc:
+            if not self.last_chance:
+                raise DependencyUnavailable(str(exc)) from exc
+            return _fell_back(
+                task,
+                "unavailable",
+                f"the model stayed unavailable until the retry horizon ({model}): {exc}",
+                model,
+            )
+        except LlmOutputError as exc:
+            return _fell_back(
+                task, "unusable", f"the model's answer was unusable ({model}): {exc}", model
+            )
+        except LlmRequestError as exc:
+            raise PermanentError(
+                f"{exc}; fix the model settings, then replay this with `engram dlq replay`"
+            ) from exc
+        return Answered(output, model)
+
+
+def _fell_back(
+    task: LlmTask[Any, Any], kind: FallbackKind, reason: str, model: str = ""
+) -> FellBack:
+    log.warning("llm.fallback", task=task.name, kind=kind, model=model, reason=reason)
+    metrics.llm_fallbacks.add(
+        1, {semconv.ENGRAM_LLM_TASK: task.name, semconv.ENGRAM_LLM_FALLBACK: kind}
+    )
+    return FellBack(kind, reason, model)

@@ -83,13 +83,16 @@ __all__ = [
 log = get_logger(__name__)
 
 E = TypeVar("E", bound=Event)
+#: A worker's settings class and what its ``resources`` factory yields.
+S = TypeVar("S", bound="WorkerSettings")
+R = TypeVar("R")
 
 #: The server never gives up on a message (MaxDeliver unlimited): the runtime decides
 #: when retrying ends, by time or by count, and dead-letters instead of dropping.
 SERVER_MAX_DELIVER = -1
 
 #: Workers alive in this process (tests run several), for the pending gauge's callback.
-_live_workers: weakref.WeakSet[Worker[Any]] = weakref.WeakSet()
+_live_workers: weakref.WeakSet[Worker[Any, Any, Any]] = weakref.WeakSet()
 
 
 def _observe_pending(_: CallbackOptions) -> list[Observation]:
@@ -210,10 +213,11 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 
 @dataclass(frozen=True)
-class Delivery:
-    """One delivery of one message, as its handler sees it."""
+class Delivery(Generic[S, R]):
+    """One delivery of one message, as its handler sees it (typed by the worker's
+    settings ``S`` and resources ``R``)."""
 
-    worker: Worker[Any]
+    worker: Worker[Any, S, R]
     subject: str
     attempt: int  # 1 on the first delivery
     headers: Mapping[str, str]
@@ -244,13 +248,17 @@ class Delivery:
         return self.worker.memories
 
     @property
-    def resources(self) -> Any:
+    def settings(self) -> S:
+        return self.worker.settings
+
+    @property
+    def resources(self) -> R:
         """What the spec's ``resources`` factory yielded (LLM client, locks, ...)."""
         return self.worker.resources
 
 
 @dataclass(frozen=True)
-class WorkerSpec(Generic[E]):
+class WorkerSpec(Generic[E, S, R]):
     """What makes a worker itself; the runtime provides the rest.
 
     ``handle`` returns normally to acknowledge, raises :class:`PermanentError` to
@@ -261,24 +269,24 @@ class WorkerSpec(Generic[E]):
 
     name: str  # durable consumer, dead-letter subject engram.dlq.<name>, service engram-<name>
     event: type[E]
-    handle: Callable[[E, Delivery], Awaitable[None]]
+    handle: Callable[[E, Delivery[S, R]], Awaitable[None]]
     uses_retrieval: bool = True
     #: Opened at startup (after NATS and retrieval), closed after the consumer stopped;
     #: what it yields is ``Delivery.resources``.
-    resources: Callable[[Worker[Any]], AbstractAsyncContextManager[Any]] | None = None
+    resources: Callable[[Worker[E, S, R]], AbstractAsyncContextManager[R]] | None = None
 
     @property
     def service_name(self) -> str:
         return f"engram-{self.name}"
 
 
-class Worker(Generic[E]):
+class Worker(Generic[E, S, R]):
     """One worker process: a FastStream app around one durable pull consumer.
 
     Build it inside the event loop; :meth:`serve` runs it until a stop event.
     """
 
-    def __init__(self, spec: WorkerSpec[E], settings: WorkerSettings) -> None:
+    def __init__(self, spec: WorkerSpec[E, S, R], settings: S) -> None:
         self.spec = spec
         self.settings = settings
         self.retry_policy: RetryPolicy = settings.retry_policy
@@ -293,7 +301,7 @@ class Worker(Generic[E]):
         self._retrieval: RetrievalClient | None = None
         self._memories: MemoryPort | None = None
         self._resources_stack = AsyncExitStack()
-        self.resources: Any = None
+        self._resources: R | None = None
         self._consuming = False
         #: The durable consumer's num_pending at the last refresh (None: not read yet).
         self.pending: int | None = None
@@ -324,6 +332,13 @@ class Worker(Generic[E]):
         if self._retrieval is None:
             raise RuntimeError(f"worker {self.spec.name!r} has no retrieval client")
         return self._retrieval
+
+    @property
+    def resources(self) -> R:
+        """What the spec's ``resources`` factory yielded; there while the worker runs."""
+        if self._resources is None:
+            raise RuntimeError(f"worker {self.spec.name!r} has no resources open")
+        return self._resources
 
     @property
     def memories(self) -> MemoryPort:
@@ -432,7 +447,7 @@ class Worker(Generic[E]):
             self._retrieval = RetrievalClient(self.settings.retrieval_address)
             self._memories = MemoryPort(self._retrieval)
         if self.spec.resources is not None:
-            self.resources = await self._resources_stack.enter_async_context(
+            self._resources = await self._resources_stack.enter_async_context(
                 self.spec.resources(self)
             )
         log.info(
@@ -465,7 +480,7 @@ class Worker(Generic[E]):
     async def _after_shutdown(self) -> None:
         # The broker has stopped (in-flight handlers done, connection drained).
         await self._resources_stack.aclose()
-        self.resources = None
+        self._resources = None
         if self._retrieval is not None:
             await self._retrieval.close()
             self._retrieval = None
@@ -649,7 +664,7 @@ class Worker(Generic[E]):
                 await task
 
 
-async def _serve_until_signalled(spec: WorkerSpec[Any], settings: WorkerSettings) -> None:
+async def _serve_until_signalled(spec: WorkerSpec[Any, S, Any], settings: S) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -657,7 +672,7 @@ async def _serve_until_signalled(spec: WorkerSpec[Any], settings: WorkerSettings
     await Worker(spec, settings).serve(stop)
 
 
-def run_worker(spec: WorkerSpec[Any], settings_cls: type[WorkerSettings]) -> None:
+def run_worker(spec: WorkerSpec[Any, S, Any], settings_cls: type[S]) -> None:
     """A worker's ``main``: settings, logging, tracing, then serve until SIGTERM/SIGINT."""
     settings = load_settings(settings_cls)
     telemetry = setup_observability(spec.service_name, settings)

@@ -172,7 +172,7 @@ async def check_stored(client: RetrievalClient, samples: Sequence[Sample]) -> No
 
 
 def search_request(sample: Sample, question: str, top_k: int, config: Config) -> pb.SearchRequest:
-    return pb.SearchRequest(
+    request = pb.SearchRequest(
         tenant=tenant_of(sample),
         query=question,
         conversation_id=sample.sample_id,
@@ -181,8 +181,10 @@ def search_request(sample: Sample, question: str, top_k: int, config: Config) ->
         scopes=[pb.SCOPE_CONVERSATION],
         kinds=[pb.MEMORY_KIND_TURN, pb.MEMORY_KIND_FACT, pb.MEMORY_KIND_EPISODE],
         now=to_timestamp(sample.last_session_at),
-        **config.request,  # type: ignore[arg-type]
     )
+    for knob, value in config.request.items():  # the config's SearchRequest knobs
+        setattr(request, knob, value)
+    return request
 
 
 def ranking_of(reply: pb.SearchResponse, turn_of_point: dict[str, str]) -> list[frozenset[str]]:
@@ -389,7 +391,7 @@ def plot_latency(results: Sequence[dict[str, Any]], path: Path) -> None:
     samples = [np.asarray(r["latency_samples_ms"]) for r in results]
     # a few stalls (another process on the same cores) would flatten the histogram
     top = float(np.percentile(np.concatenate(samples), 99.5))
-    bins = np.linspace(0.0, top, 60)
+    bins = np.linspace(0.0, top, 60).tolist()
     fig, ax = plt.subplots(figsize=(7, 4))
     for result, values in zip(results, samples, strict=True):
         ax.hist(np.minimum(values, top), bins=bins, histtype="step", lw=1.5, label=result["config"])
@@ -520,7 +522,10 @@ def _cmd_locomo(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_locomo_parser(kinds: argparse._SubParsersAction, handler: Callable) -> None:  # type: ignore[type-arg]
+def add_locomo_parser(
+    kinds: argparse._SubParsersAction[argparse.ArgumentParser],
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
     bench = kinds.add_parser("locomo", help="turn-level retrieval quality on a LoCoMo-format file")
     bench.add_argument("--data", required=True, help="a JSON file in the LoCoMo format")
     bench.add_argument("--samples", default="", help="sample ids to keep (default: all)")

@@ -66,7 +66,7 @@ from engram_retrieval.store.edge_shard import DEFAULT_INDEX_THRESHOLD, open_shar
 
 T = TypeVar("T")
 
-log = get_logger("engram.retrieval")
+log = get_logger(__name__)
 
 # Writes replayed per edge-thread call while catching up after an optimisation: each is
 # one Upsert/Delete, so searches wait for at most a few of them.
@@ -171,8 +171,8 @@ class EdgeStore:
         )
         if not late:
             log.warning(
-                "store has no token vectors: searching without late interaction; "
-                "run `engram rebuild` to re-index",
+                "store.no_token_vectors",
+                detail="searching without late interaction; run `engram rebuild` to re-index",
                 path=str(path),
             )
         store._maybe_optimize()
@@ -282,7 +282,11 @@ class EdgeStore:
             return {}
         request = QueryRequest(
             limit=len(ids),
-            query=Query.Nearest(np.asarray(query_tokens, dtype=np.float32), using=TOKENS_VECTOR),
+            query=Query.Nearest(
+                # annotated as lists; the binding reads a float32 array without a copy
+                np.asarray(query_tokens, dtype=np.float32),  # type: ignore[arg-type]
+                using=TOKENS_VECTOR,
+            ),
             filter=Filter(
                 must=[
                     FieldCondition("tenant", match=MatchValue(tenant)),
@@ -419,7 +423,7 @@ class EdgeStore:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed optimisation leaves the store as it was
-            log.warning("edge optimisation failed", error=str(exc), target=str(target))
+            log.warning("store.optimise_failed", error=str(exc), target=str(target))
             return False
         finally:
             if not self._closed and not switched:
@@ -430,7 +434,7 @@ class EdgeStore:
                 await asyncio.to_thread(shutil.rmtree, target, True)
         self.optimizations += 1
         log.info(
-            "edge shard optimised",
+            "store.optimised",
             generation=target.name,
             seconds=round(time.perf_counter() - started, 1),
             child_seconds=report.get("seconds"),

@@ -33,10 +33,20 @@ DEFAULT_INDEX_THRESHOLD = 20_000
 # is_tenant index) and there is no global graph (m=0), which no query could use.
 # Filters matching fewer vectors than full_scan_threshold (KB of vectors, ~6.6k
 # 384-d vectors) are answered exactly through the payload indexes, graph or not.
-HNSW = {"m": 0, "payload_m": 16, "ef_construct": 100, "full_scan_threshold": 10_000}
+TENANT_GRAPH_M = 16
 # Token vectors are only ever scored for given ids (late interaction over a candidate
-# pool), never searched: no graph at all, and kept on disk (≈ 28 KB a memory).
-NO_GRAPH = {"m": 0, "payload_m": 0, "ef_construct": 100, "full_scan_threshold": 10_000}
+# pool), never searched: no graph at all (payload_m 0), and kept on disk (≈ 28 KB a
+# memory).
+
+
+def _hnsw(payload_m: int, max_indexing_threads: int = 0) -> HnswIndexConfig:
+    return HnswIndexConfig(
+        m=0,
+        payload_m=payload_m,
+        ef_construct=100,
+        full_scan_threshold=10_000,
+        max_indexing_threads=max_indexing_threads,
+    )
 
 
 def edge_config(
@@ -51,13 +61,13 @@ def edge_config(
             multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
             datatype=VectorStorageDatatype.Float16,
             on_disk=True,
-            hnsw_config=HnswIndexConfig(**NO_GRAPH),
+            hnsw_config=_hnsw(payload_m=0),
         )
     return EdgeConfig(
         vectors=vectors,
         sparse_vectors={SPARSE_VECTOR: EdgeSparseVectorParams(modifier=Modifier.Idf)},
         # one indexing thread: on a small machine the other core keeps serving
-        hnsw_config=HnswIndexConfig(max_indexing_threads=1, **HNSW),
+        hnsw_config=_hnsw(payload_m=TENANT_GRAPH_M, max_indexing_threads=1),
         optimizers=EdgeOptimizersConfig(
             indexing_threshold=max(1, index_threshold * dim * 4 // 1024),  # KB of vectors
             prevent_unoptimized=False,  # never hide points waiting for an index

@@ -32,7 +32,7 @@ from engram_retrieval.store.base import (
     stored_point,
 )
 
-log = get_logger("engram.retrieval")
+log = get_logger(__name__)
 
 
 def to_qdrant_filter(
@@ -109,8 +109,9 @@ class QdrantStore:
             raise
         if not late:
             log.warning(
-                "collection has no token vectors: searching without late interaction; "
-                "run `engram rebuild` into a new ENGRAM_QDRANT_COLLECTION to re-index",
+                "store.no_token_vectors",
+                detail="searching without late interaction; run `engram rebuild` into a new "
+                "ENGRAM_QDRANT_COLLECTION to re-index",
                 collection=collection,
             )
         return cls(client, collection, dim, late_interaction=late)

@@ -65,9 +65,10 @@ class MirrorSettings(WorkerSettings):
 
 
 @asynccontextmanager
-async def open_mirror(worker: Worker[MemoryChanged]) -> AsyncIterator[Mirror]:
+async def open_mirror(
+    worker: Worker[MemoryChanged, MirrorSettings, Mirror],
+) -> AsyncIterator[Mirror]:
     settings = worker.settings
-    assert isinstance(settings, MirrorSettings)
     mirror = Mirror(
         settings.mirror_path,
         commit_interval_s=settings.mirror_commit_interval_s,
@@ -87,8 +88,8 @@ async def open_mirror(worker: Worker[MemoryChanged]) -> AsyncIterator[Mirror]:
         await mirror.close()
 
 
-async def mirror_change(event: MemoryChanged, delivery: Delivery) -> None:
-    mirror: Mirror = delivery.resources
+async def mirror_change(event: MemoryChanged, delivery: Delivery[MirrorSettings, Mirror]) -> None:
+    mirror = delivery.resources
     try:
         await mirror.apply(event)
     except ValueError as exc:  # a path that would leave the root: never retried

@@ -18,6 +18,7 @@ from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TextIO
 
 from engram_core.logging import get_logger
 from engram_core.mirror_format import classify, content_sha256, memory_files, under_deleted
@@ -193,7 +194,7 @@ class PendingChanges:
     def __init__(self, journal: Path) -> None:
         self.journal_path = journal
         self.batch = Batch()
-        self._journal = None
+        self._journal: TextIO | None = None
 
     def load_journal(self) -> dict[str, str | None]:
         entries: dict[str, str | None] = {}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from watchfiles import Change, awatch
 
-from engram_core.events import Event, MemoryEdited, deterministic_event_id
+from engram_core.events import Event, MemoryEdited, MemoryEditOp, deterministic_event_id
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import (
@@ -235,18 +235,21 @@ class EditWatcher:
         self, rel: str, info: MirrorPath, data: bytes, sha: str, gone_paths: set[str]
     ) -> MemoryEdited | None:
         if len(data) > self.max_file_bytes:
-            return self._malformed(
+            self._malformed(
                 rel,
                 sha,
                 f"{len(data)} bytes, larger than a memory may be ({self.max_file_bytes} bytes "
                 "with its front matter; ENGRAM_MAX_TEXT_BYTES): not indexed",
             )
+            return None
         try:
             parsed = parse(data.decode("utf-8"), info, new_id=_new_id)
         except UnicodeDecodeError:
-            return self._malformed(rel, sha, "not UTF-8 text")
+            self._malformed(rel, sha, "not UTF-8 text")
+            return None
         except MirrorFormatError as exc:
-            return self._malformed(rel, sha, str(exc))
+            self._malformed(rel, sha, str(exc))
+            return None
         if self._misplaced(rel, sha, parsed, info):
             return None
         record, assigned = parsed.record, parsed.assigned_id
@@ -326,7 +329,7 @@ class EditWatcher:
             return None
         record = MemoryRecord(
             id=memory_id,
-            kind=info.kind or "fact",  # type: ignore[arg-type]
+            kind=info.kind or "fact",
             role=info.role or "",
             text="",
             user_id=info.user_id or "",
@@ -402,7 +405,7 @@ def _md_files_under(directory: Path) -> list[str]:
 
 
 def _edited(
-    tenant: str, record: MemoryRecord, rel: str, op: str, sha: str, previous: str
+    tenant: str, record: MemoryRecord, rel: str, op: MemoryEditOp, sha: str, previous: str
 ) -> MemoryEdited:
     # The same observation published twice (a crash between publish and bookkeeping)
     # is de-duplicated; A → B → A is three observations, because `previous` differs.
@@ -412,7 +415,7 @@ def _edited(
         tenant=tenant,
         user_id=record.user_id,
         conversation_id=record.conversation_id,
-        op=op,  # type: ignore[arg-type]
+        op=op,
         memory=record,
         path=rel,
     )

@@ -18,9 +18,10 @@ entries), so two replicas never decide on the same facts at once:
    (:func:`engram_core.memory_writes.correct_turns`).
 5. ``memory.changed`` for every applied change (:mod:`engram_core.lifecycle` ids).
 
-LLM failures never lose a fact: unusable output → the new facts are added (with the
-near-duplicate check); LLM unavailable → retried with backoff, and on the last allowed
-delivery the same ADD fallback instead of a dead letter.
+LLM failures never lose a fact (the one policy of :mod:`engram_workers.llm`): no model or
+unusable output → the new facts are added (with the near-duplicate check); LLM
+unavailable → retried by time, and on the last allowed delivery the same ADD fallback
+instead of a dead letter; a refused request → a dead letter, replayed once fixed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import Field
 
@@ -39,14 +39,7 @@ from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryRecord, SearchQuery
 from engram_core.memory_port import MemoryPort
 from engram_core.memory_writes import apply, correct_turns
-from engram_workers import tasks
-from engram_workers.llm import (
-    LlmClient,
-    LlmOutputError,
-    LlmRequestError,
-    LlmSettingsMixin,
-    LlmUnavailable,
-)
+from engram_workers.llm import AskLlm, LlmClient, LlmSettingsMixin
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.reconcile import core
 from engram_workers.runtime import (
@@ -60,37 +53,6 @@ from engram_workers.runtime import (
 
 log = get_logger(__name__)
 
-RECONCILE_INSTRUCTIONS = """\
-You keep a user's long-term memory consistent.
-
-Input (JSON): "existing" lists facts already stored about the user, each with a short
-integer "id"; "new_facts" lists facts just learned from the user's latest message.
-
-For EACH new fact (its index in new_facts, starting at 0) return one decision:
-- "ADD": new information that no existing fact covers.
-- "UPDATE": the new fact corrects, refines or changes an existing fact about the same
-  thing (a corrected name, a new job, a more precise detail). "target" is that fact's
-  id; "text" is the complete up-to-date fact, keeping details of the old one that still
-  hold.
-- "DELETE": the new fact contradicts an existing fact, which is no longer true ("User
-  hates pizza" against "User loves pizza"). "target" is the contradicted fact's id.
-  The new fact itself is kept.
-- "NONE": an existing fact already says the same thing, possibly in other words.
-  "target" is that fact's id.
-
-Rules:
-- "target" must be one of the ids in "existing"; never invent an id.
-- Facts about different things do not affect each other: a new job does not contradict
-  a favourite food.
-- A new fact that corrects or contradicts several existing facts may get one decision
-  per target.
-- When unsure whether something is already known, answer "ADD".
-
-Answer with one JSON object, for example:
-{"decisions": [{"fact": 0, "event": "UPDATE", "target": 2, "text": "User's wife is named
-Anne"}, {"fact": 1, "event": "ADD"}]}
-"""
-
 
 class ReconcileSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     health_port: int = Field(
@@ -98,8 +60,8 @@ class ReconcileSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     )
     reconcile_model: str = Field(
         default="",
-        description="Model for reconcile decisions; empty: the turn's chat model, then "
-        "ENGRAM_LLM_MODEL.",
+        description="Model for reconcile decisions; empty: ENGRAM_LLM_MODEL, then the "
+        "turn's chat model.",
     )
     reconcile_neighbours: int = Field(
         default=10, ge=1, le=50, description="Existing facts fetched per new fact (top_k)."
@@ -120,9 +82,14 @@ class ReconcileResources:
     statuses: EventStatusStore | None = None  # followed events (POST /v1/memories/add)
 
 
+ReconcileDelivery = Delivery[ReconcileSettings, ReconcileResources]
+
+
 @asynccontextmanager
-async def reconcile_resources(worker: Worker[Any]) -> AsyncIterator[ReconcileResources]:
-    settings: ReconcileSettings = worker.settings  # type: ignore[assignment]
+async def reconcile_resources(
+    worker: Worker[FactProposed, ReconcileSettings, ReconcileResources],
+) -> AsyncIterator[ReconcileResources]:
+    settings = worker.settings
     llm = LlmClient(settings)
     try:
         async with (
@@ -174,7 +141,7 @@ class Reconciler:
     """Reconciles one proposal; the caller holds the locks."""
 
     def __init__(
-        self, proposal: FactProposed, delivery: Delivery, resources: ReconcileResources
+        self, proposal: FactProposed, delivery: ReconcileDelivery, resources: ReconcileResources
     ) -> None:
         self.proposal = proposal
         self.delivery = delivery
@@ -254,31 +221,14 @@ class Reconciler:
     async def _decide(
         self, facts: list[str], shown: dict[int, MemoryRecord]
     ) -> list[core.FactDecision]:
-        if not shown:
-            return [core.FactDecision("ADD", fact) for fact in facts]
-        model = self.settings.reconcile_model or self.proposal.model or self.llm.default_model
-        if not model:
-            log.warning("reconcile.llm_fallback", reason="no model configured")
-            return [core.FactDecision("FALLBACK", fact) for fact in facts]
-        try:
-            output = await self.llm.structured(
-                task=tasks.RECONCILE,
-                model=model,
-                instructions=RECONCILE_INSTRUCTIONS,
-                payload=core.reconcile_input(facts, shown).model_dump(),
-                schema=tasks.ReconcileOutput,
-            )
-        except LlmUnavailable as exc:
-            if not self.delivery.last_chance:
-                raise RetryableError(f"reconcile: {exc}") from exc
-            # The retry horizon is reached: a dead letter would strand the facts; add them.
-            log.warning("reconcile.llm_fallback", reason=str(exc), final_delivery=True)
-            return [core.FactDecision("FALLBACK", fact) for fact in facts]
-        except (LlmOutputError, LlmRequestError) as exc:
-            log.warning("reconcile.llm_fallback", reason=str(exc))
-            return [core.FactDecision("FALLBACK", fact) for fact in facts]
-        decisions, rejected = core.resolve_decisions(facts, shown, output)
-        for r in rejected:
+        ask = AskLlm(
+            self.llm,
+            task_model=self.settings.reconcile_model,
+            chat_models=(self.proposal.model,),
+            last_chance=self.delivery.last_chance,
+        )
+        decided = await core.decide(facts, shown, ask)
+        for r in decided.rejected:
             log.warning(
                 "reconcile.rejected_decision",
                 reason=r.reason,
@@ -286,7 +236,7 @@ class Reconciler:
                 decision=r.event,
                 target=r.target,
             )
-        return decisions
+        return decided.decisions
 
     async def _plan_profile(self, plan: core.Plan) -> None:
         p = self.proposal
@@ -302,8 +252,8 @@ class Reconciler:
             log.info("profile.kept", reason=reason)
 
 
-async def reconcile_facts(event: FactProposed, delivery: Delivery) -> None:
-    resources: ReconcileResources = delivery.resources
+async def reconcile_facts(event: FactProposed, delivery: ReconcileDelivery) -> None:
+    resources = delivery.resources
     locks = resources.locks
     try:
         async with AsyncExitStack() as stack:
@@ -320,10 +270,9 @@ async def reconcile_facts(event: FactProposed, delivery: Delivery) -> None:
                 await delivery.worker.publish(change)
     except LockTimeout as exc:
         raise RetryableError(f"conversation lock: {exc}") from exc
-    statuses = getattr(resources, "statuses", None)
-    if statuses is not None:
+    if resources.statuses is not None:
         await record_status(
-            statuses,
+            resources.statuses,
             event.tenant,
             event.event_id,
             budget_s=delivery.worker.retry_policy.publish_retry_s,

@@ -5,9 +5,11 @@ No I/O here: the wiring (:mod:`engram_workers.reconcile.app`) gathers what these
 the plan through :mod:`engram_core.memory_writes`. Every rule of the worker lives here
 and is unit-tested without NATS, retrieval or a model:
 
-- **decisions**: the model sees existing facts under short integer ids; decisions naming
-  an id that was not shown, or a fact that was not proposed, are rejected; a fact left
-  without a valid decision is added (nothing is lost); ``NONE`` keeps what is stored.
+- **decisions** (:func:`decide`, the one step that asks the model, through the
+  :class:`~engram_workers.llm.Ask` it is given): the model sees existing facts under
+  short integer ids; decisions naming an id that was not shown, or a fact that was not
+  proposed, are rejected; a fact left without a valid decision is added (nothing is
+  lost); ``NONE`` keeps what is stored. A model that fails: every fact is added.
 - **facts**: a new fact gets a deterministic id (tenant, user, conversation, text) and is
   not stored again when a current fact is a near-duplicate (cosine ≥ the setting and the
   same names and numbers); UPDATE/DELETE targets are superseded by it (kept as history,
@@ -31,8 +33,9 @@ from engram_core import lifecycle
 from engram_core.events import FactProposed
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryRecord, ProposedProfileFact
 from engram_core.memory_writes import Change
-from engram_workers import tasks
+from engram_workers import prompts
 from engram_workers.extraction import normalise_key
+from engram_workers.llm import Ask, FellBack
 
 #: Fixed forever: changing it would give every stored fact a new id.
 FACT_ID_NAMESPACE = uuid.UUID("0b7e3a56-5c2d-4f1e-8f43-7265636f6e63")
@@ -166,9 +169,9 @@ def numbered_neighbourhood(
     return {n: neighbours[memory_id] for n, memory_id in enumerate(ranked, start=1)}
 
 
-def reconcile_input(facts: list[str], shown: Mapping[int, MemoryRecord]) -> tasks.ReconcileInput:
-    return tasks.ReconcileInput(
-        existing=[tasks.ExistingMemory(id=n, text=m.text) for n, m in shown.items()],
+def reconcile_input(facts: list[str], shown: Mapping[int, MemoryRecord]) -> prompts.ReconcileInput:
+    return prompts.ReconcileInput(
+        existing=[prompts.ExistingMemory(id=n, text=m.text) for n, m in shown.items()],
         new_facts=facts,
     )
 
@@ -184,12 +187,12 @@ class Rejected:
 
 
 def resolve_decisions(
-    facts: list[str], shown: Mapping[int, MemoryRecord], output: tasks.ReconcileOutput
+    facts: list[str], shown: Mapping[int, MemoryRecord], output: prompts.ReconcileOutput
 ) -> tuple[list[FactDecision], list[Rejected]]:
     """The model's decisions, checked: unknown facts and targets are rejected, and a fact
     left without a valid decision is added (nothing is lost)."""
     rejected: list[Rejected] = []
-    by_fact: dict[int, list[tasks.Decision]] = {}
+    by_fact: dict[int, list[prompts.Decision]] = {}
     for decision in output.decisions:
         if decision.fact >= len(facts):
             rejected.append(Rejected("unknown fact", decision.fact))
@@ -227,6 +230,29 @@ def resolve_decisions(
         )
         resolved.append(FactDecision(action, text, targets))
     return resolved, rejected
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The decisions for a proposal's facts, what was rejected, and why the fallback
+    applied (empty when the model decided)."""
+
+    decisions: list[FactDecision]
+    rejected: list[Rejected] = field(default_factory=list)
+    fallback: str = ""
+
+
+async def decide(facts: list[str], shown: Mapping[int, MemoryRecord], ask: Ask) -> Decided:
+    """Ask the model what each new fact does to the facts ``shown``; nothing shown is
+    all ADD (no call). The fallback adds every fact, subject to the near-duplicate
+    check of :func:`plan_facts`, so a model that fails loses nothing."""
+    if not shown:
+        return Decided([FactDecision("ADD", fact) for fact in facts])
+    answer = await ask(prompts.RECONCILE, reconcile_input(facts, shown))
+    if isinstance(answer, FellBack):
+        return Decided([FactDecision("FALLBACK", fact) for fact in facts], fallback=answer.reason)
+    decisions, rejected = resolve_decisions(facts, shown, answer.output)
+    return Decided(decisions, rejected)
 
 
 def proposed_facts(proposal: FactProposed) -> list[str]:

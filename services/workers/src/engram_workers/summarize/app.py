@@ -12,9 +12,10 @@ Consumes ``engram.memory.changed.v1`` (durable consumer ``summarize``):
 
 Changes this worker caused itself (kinds ``summary`` and ``episode``) are ignored. Each
 job holds a lock on the user's conversation, so two replicas never fold into the same
-summary at once (no lost update) nor build the same window twice. A model that answers
-junk, refuses the request, or stays unavailable until the last delivery gets the
-documented rule-based fallback (:mod:`engram_workers.summarize.core`): nothing is lost.
+summary at once (no lost update) nor build the same window twice. A model that is not
+configured, answers junk, or stays unavailable until the last delivery gets the
+documented rule-based fallback (:mod:`engram_workers.summarize.core`); a refused
+request is a dead letter, replayed once the settings are fixed. Nothing is lost.
 
 Idempotency: the summary lists the fact ids it includes, an episode's id derives from
 its turns, and announcements derive from the stored state (:mod:`engram_core.lifecycle`),
@@ -27,7 +28,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any
 
 from pydantic import Field
 
@@ -36,14 +36,7 @@ from engram_core.events import MemoryChanged, MemoryChangeOp
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
 from engram_core.memory_writes import Change, apply
-from engram_workers import tasks
-from engram_workers.llm import (
-    LlmClient,
-    LlmOutputError,
-    LlmRequestError,
-    LlmSettingsMixin,
-    LlmUnavailable,
-)
+from engram_workers.llm import AskLlm, LlmClient, LlmSettingsMixin
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
     Delivery,
@@ -60,28 +53,6 @@ log = get_logger(__name__)
 #: Newest episodes read to find the numbering anchor (and re-announce on redelivery).
 ANCHOR_PAGE = core.MAX_WINDOWS_PER_EVENT
 LIST_PAGE = 100
-
-SUMMARY_INSTRUCTIONS = """\
-You maintain the rolling summary of one conversation between a user and an assistant.
-The input has `previous_summary` (may be empty) and `new_facts`: statements just learned.
-Write the updated summary:
-- keep durable information: who the user is, preferences, constraints, plans, decisions,
-  ongoing tasks, names, dates and numbers;
-- drop chit-chat, greetings and pleasantries;
-- when a new fact contradicts or updates something in the previous summary, keep only the
-  new information and drop the superseded one;
-- never invent anything; write in the third person ("The user ...");
-- stay compact: at most {max_chars} characters.
-Answer with one JSON object: {{"summary": "<the updated summary>"}}."""
-
-EPISODE_INSTRUCTIONS = """\
-Summarise one window of a conversation between a user and an assistant: turns
-{first_turn} to {last_turn}, each with its number `n`, `role` and `text`.
-Write one compact paragraph that keeps what matters later: what the user said about
-themselves, asked, decided or planned; what the assistant answered or recommended; names,
-dates and numbers. Skip greetings and chit-chat. Never invent anything.
-At most {max_chars} characters.
-Answer with one JSON object: {{"summary": "<the episode summary>"}}."""
 
 
 class SummarizeSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
@@ -110,9 +81,14 @@ class SummarizeResources:
     locks: KeyLocks
 
 
+SummarizeDelivery = Delivery[SummarizeSettings, SummarizeResources]
+
+
 @asynccontextmanager
-async def open_resources(worker: Worker[Any]) -> AsyncIterator[SummarizeResources]:
-    settings: SummarizeSettings = worker.settings  # type: ignore[assignment]
+async def open_resources(
+    worker: Worker[MemoryChanged, SummarizeSettings, SummarizeResources],
+) -> AsyncIterator[SummarizeResources]:
+    settings = worker.settings
     llm = LlmClient(settings)
     try:
         async with KeyLocks.from_settings(settings, settings.nats_url) as locks:
@@ -124,7 +100,7 @@ async def open_resources(worker: Worker[Any]) -> AsyncIterator[SummarizeResource
 # --- the handler -------------------------------------------------------------------------
 
 
-async def summarize(event: MemoryChanged, delivery: Delivery) -> None:
+async def summarize(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     kind, op = event.memory.kind, event.op
     # Summaries and episodes are our own writes coming back; profile entries are
     # recalled on their own and do not feed the summary.
@@ -136,16 +112,11 @@ async def summarize(event: MemoryChanged, delivery: Delivery) -> None:
         await update_episodes(event, delivery)
 
 
-def _settings(delivery: Delivery) -> SummarizeSettings:
-    settings: SummarizeSettings = delivery.worker.settings  # type: ignore[assignment]
-    return settings
-
-
 @asynccontextmanager
 async def _conversation_lock(
-    delivery: Delivery, job: str, event: MemoryChanged
+    delivery: SummarizeDelivery, job: str, event: MemoryChanged
 ) -> AsyncIterator[None]:
-    resources: SummarizeResources = delivery.resources
+    resources = delivery.resources
     key = ("summarize", job, event.tenant, event.user_id, event.conversation_id)
     try:
         async with resources.locks.hold(*key):
@@ -154,38 +125,18 @@ async def _conversation_lock(
         raise RetryableError(f"{job} lock: {exc}") from exc
 
 
-async def _ask_model(
-    delivery: Delivery, *, task: str, instructions: str, payload: dict[str, Any], models: list[str]
-) -> tuple[str | None, str]:
-    """(summary, model) from the LLM, or (None, reason) when the rule-based fallback applies.
-
-    Transient unavailability is retried through the bus (nak with backoff) and only
-    falls back on the last delivery; junk output and refused requests fall back at once.
-    """
-    settings = _settings(delivery)
-    llm = delivery.resources.llm
-    try:
-        model = llm.model_for(settings.summarize_model, settings.llm_model, *models)
-        answer = await llm.structured(
-            task=task,
-            model=model,
-            instructions=instructions,
-            payload=payload,
-            schema=tasks.SummaryOutput,
-        )
-    except LlmUnavailable as exc:
-        if not delivery.last_chance:
-            raise RetryableError(str(exc)) from exc
-        return None, f"model unavailable until the retry horizon: {exc}"
-    except (LlmOutputError, LlmRequestError) as exc:
-        return None, str(exc)
-    text = answer.summary.strip()
-    if not text:
-        return None, f"{task}: the model returned an empty summary"
-    return text, model
+def _ask(delivery: SummarizeDelivery, chat_models: Sequence[str]) -> AskLlm:
+    return AskLlm(
+        delivery.resources.llm,
+        task_model=delivery.settings.summarize_model,
+        chat_models=chat_models,
+        last_chance=delivery.last_chance,
+    )
 
 
-async def _write(delivery: Delivery, tenant: str, record: MemoryRecord, cause: str) -> None:
+async def _write(
+    delivery: SummarizeDelivery, tenant: str, record: MemoryRecord, cause: str
+) -> None:
     (announcement,) = await apply(delivery.memories, tenant, [Change(record, "created", cause)])
     await delivery.worker.publish(announcement)
 
@@ -202,8 +153,8 @@ def _scope(event: MemoryChanged, *kinds: MemoryKindName, current_only: bool = Tr
     )
 
 
-async def fold_facts(event: MemoryChanged, delivery: Delivery) -> None:
-    settings, memories = _settings(delivery), delivery.memories
+async def fold_facts(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
+    settings, memories = delivery.settings, delivery.memories
     tenant = event.tenant
     fact_id = event.memory.id
     summary_id = core.summary_memory_id(tenant, event.user_id, event.conversation_id)
@@ -230,42 +181,33 @@ async def fold_facts(event: MemoryChanged, delivery: Delivery) -> None:
             return
 
         previous_text = previous.text if previous is not None else ""
-        new_facts = [f.text for f in facts]
-        text, how = await _ask_model(
-            delivery,
-            task=tasks.SUMMARIZE,
-            instructions=SUMMARY_INSTRUCTIONS.format(max_chars=settings.summary_max_chars),
-            payload=tasks.SummarizeInput(
-                previous_summary=previous_text, new_facts=new_facts
-            ).model_dump(),
-            models=await _chat_models(delivery, event, facts),
+        written = await core.write_summary(
+            previous_text,
+            [f.text for f in facts],
+            _ask(delivery, await _chat_models(delivery, event, facts)),
+            settings.summary_max_chars,
         )
-        if text is None:
-            log.warning("summary.fallback", reason=how, facts=len(facts))
-            text = core.rule_based_summary(previous_text, new_facts, settings.summary_max_chars)
-            summarizer = {"summarizer": core.SUMMARIZER_RULES, "fallback_reason": how[:300]}
-        else:
-            text = core.bounded(text, settings.summary_max_chars)
-            summarizer = {"summarizer": core.SUMMARIZER_LLM, "model": how}
+        if written.fell_back:
+            log.warning("summary.fallback", reason=written.how["fallback_reason"], facts=len(facts))
         summary = core.next_summary(
             tenant,
             event.user_id,
             event.conversation_id,
             previous,
-            text,
-            core.fold_metadata(previous, facts, summarizer),
+            written.text,
+            core.fold_metadata(previous, facts, written.how),
         )
         await _write(delivery, tenant, summary, "summarize:summary")
         log.info(
             "summary.updated",
             memory_id=summary.id,
             revision=summary.metadata["revision"],
-            summarizer=summarizer["summarizer"],
+            summarizer=written.how["summarizer"],
             cause=event.op,
         )
 
 
-async def drop_superseded(event: MemoryChanged, delivery: Delivery) -> None:
+async def drop_superseded(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     """Take a superseded (or user-deleted) fact's sentences out of the summary where it
     holds them word for word (the rule-based fallback appends facts verbatim); a
     model-written summary is corrected by the next fold, which sees the new fact. A
@@ -294,11 +236,11 @@ async def drop_superseded(event: MemoryChanged, delivery: Delivery) -> None:
 
 
 async def _chat_models(
-    delivery: Delivery, event: MemoryChanged, facts: Sequence[MemoryRecord]
+    delivery: SummarizeDelivery, event: MemoryChanged, facts: Sequence[MemoryRecord]
 ) -> list[str]:
     """The chat models of the turns the facts came from: the model to use when none is
     configured (ingest records it on each turn, as reconcile does not on facts)."""
-    settings = _settings(delivery)
+    settings = delivery.settings
     recorded = [f.metadata["model"] for f in facts if f.metadata.get("model")]
     if recorded or settings.summarize_model or settings.llm_model:
         return recorded
@@ -313,8 +255,8 @@ async def _chat_models(
 # --- episodes ------------------------------------------------------------------------------
 
 
-async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
-    settings, memories = _settings(delivery), delivery.memories
+async def update_episodes(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
+    settings, memories = delivery.settings, delivery.memories
     tenant = event.tenant
     # Most turns close no window: found out without the lock (a stale anchor only
     # counts more turns, so it can never hide a window that closes).
@@ -347,7 +289,7 @@ async def update_episodes(event: MemoryChanged, delivery: Delivery) -> None:
             await _write_episode(delivery, event, window, first)
 
 
-async def _recent_episodes(delivery: Delivery, event: MemoryChanged) -> list[MemoryRecord]:
+async def _recent_episodes(delivery: SummarizeDelivery, event: MemoryChanged) -> list[MemoryRecord]:
     page = await delivery.memories.list_page(
         event.tenant, _scope(event, "episode", current_only=False), page_size=ANCHOR_PAGE
     )
@@ -355,7 +297,7 @@ async def _recent_episodes(delivery: Delivery, event: MemoryChanged) -> list[Mem
 
 
 async def _window_may_close(
-    delivery: Delivery, event: MemoryChanged, episodes: list[MemoryRecord], size: int
+    delivery: SummarizeDelivery, event: MemoryChanged, episodes: list[MemoryRecord], size: int
 ) -> bool:
     """Whether more than ``size`` turns may be uncovered: the turns from the newest
     episode's newest covered turn on, counted (an upper bound of the uncovered ones),
@@ -369,30 +311,25 @@ async def _window_may_close(
 
 
 async def _write_episode(
-    delivery: Delivery, event: MemoryChanged, window: list[MemoryRecord], first: int
+    delivery: SummarizeDelivery, event: MemoryChanged, window: list[MemoryRecord], first: int
 ) -> None:
-    settings = _settings(delivery)
+    settings = delivery.settings
     last = first + len(window) - 1
     numbered = core.numbered_turns(window, first)
-    text, how = await _ask_model(
-        delivery,
-        task=tasks.EPISODE,
-        instructions=EPISODE_INSTRUCTIONS.format(
-            first_turn=first, last_turn=last, max_chars=settings.episode_max_chars
-        ),
-        payload=tasks.EpisodeInput(first_turn=first, last_turn=last, turns=numbered).model_dump(),
-        models=[t.metadata.get("model", "") for t in reversed(window)],
+    chat_models = [t.metadata.get("model", "") for t in reversed(window)]
+    written = await core.write_episode(
+        numbered, _ask(delivery, chat_models), settings.episode_max_chars
     )
-    metadata = {"turns": str(len(window)), "trigger_event_id": event.event_id}
-    if text is None:
-        log.warning("episode.fallback", reason=how, first_turn=first, last_turn=last)
-        text = core.rule_based_episode(numbered, settings.episode_max_chars)
-        metadata |= {"summarizer": core.SUMMARIZER_RULES, "fallback_reason": how[:300]}
-    else:
-        text = core.bounded(text, settings.episode_max_chars)
-        metadata |= {"summarizer": core.SUMMARIZER_LLM, "model": how}
+    metadata = {"turns": str(len(window)), "trigger_event_id": event.event_id, **written.how}
+    if written.fell_back:
+        log.warning(
+            "episode.fallback",
+            reason=written.how["fallback_reason"],
+            first_turn=first,
+            last_turn=last,
+        )
     episode = core.episode_record(
-        event.tenant, event.conversation_id, event.user_id, window, first, text, metadata
+        event.tenant, event.conversation_id, event.user_id, window, first, written.text, metadata
     )
     await _write(delivery, event.tenant, episode, "summarize:episode")
     log.info(

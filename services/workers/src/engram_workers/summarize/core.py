@@ -8,8 +8,10 @@ store and asks the model, then hands the answers to these.
 - An **episode** covers ``episode_turns`` consecutive turns of a user's conversation
   (numbered after the newest episode, whatever eviction removed since), once a later
   turn exists; its id derives from the turns it covers.
-- When the model fails, the summary appends the facts verbatim and the episode is an
-  extractive summary of the user's salient sentences, each marked as such.
+- The model writes both (:func:`write_summary`, :func:`write_episode`, through the
+  :class:`~engram_workers.llm.Ask` they are given). When it fails (the workers' one
+  policy) or answers nothing, the summary appends the facts verbatim and the episode
+  is an extractive summary of the user's salient sentences, each marked as such.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from engram_core.lifecycle import summary_memory_id
 from engram_core.memory import MemoryRecord
-from engram_workers import tasks
+from engram_workers import prompts
+from engram_workers.llm import Ask, FellBack
 
 #: Fixed forever: changing it would give every episode a new id.
 EPISODE_NAMESPACE = uuid.UUID("0b5c0a8e-6d1f-5f7a-9b2e-657069736f64")
@@ -213,16 +216,16 @@ def closed_windows(
     """(first turn number, window) for each window that is complete and closed: a
     window closes once a later turn exists, so a turn indexed a moment late (the turns
     of one exchange are handled concurrently) still lands in its window."""
-    windows = []
+    windows: list[tuple[int, list[MemoryRecord]]] = []
     while len(turns) > size and len(windows) < MAX_WINDOWS_PER_EVENT:
         window, turns = turns[:size], turns[size:]
         windows.append((anchor.last_turn + len(windows) * size + 1, window))
     return windows
 
 
-def numbered_turns(window: Sequence[MemoryRecord], first: int) -> list[tasks.EpisodeTurn]:
+def numbered_turns(window: Sequence[MemoryRecord], first: int) -> list[prompts.EpisodeTurn]:
     return [
-        tasks.EpisodeTurn(n=first + i, role=turn.role or "user", text=turn.text)
+        prompts.EpisodeTurn(n=first + i, role=turn.role or "user", text=turn.text)
         for i, turn in enumerate(window)
     ]
 
@@ -283,7 +286,7 @@ def _salience(sentence: str) -> float:
     return score
 
 
-def rule_based_episode(turns: Sequence[tasks.EpisodeTurn], max_chars: int) -> str:
+def rule_based_episode(turns: Sequence[prompts.EpisodeTurn], max_chars: int) -> str:
     """An extractive summary: the user's most salient sentences and the question/answer
     pairs, in conversation order, under a header that says how it was made."""
     header = f"Turns {turns[0].n}-{turns[-1].n} (rule-based summary, extracted without the model):"
@@ -314,3 +317,58 @@ def rule_based_episode(turns: Sequence[tasks.EpisodeTurn], max_chars: int) -> st
         return bounded(f"{header} (no salient statements)", max_chars)
     body = " ".join(text for _, _, text in sorted(chosen))
     return bounded(f"{header} {body}", max_chars)
+
+
+# --- asking the model, with the fallbacks --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Written:
+    """A summary or episode text, and how it was written (its metadata: ``summarizer``
+    and ``model``, or ``fallback_reason``)."""
+
+    text: str
+    how: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fell_back(self) -> bool:
+        return self.how.get("summarizer") == SUMMARIZER_RULES
+
+
+def _by_rules(text: str, reason: str) -> Written:
+    return Written(text, {"summarizer": SUMMARIZER_RULES, "fallback_reason": reason[:300]})
+
+
+async def write_summary(
+    previous: str, new_facts: Sequence[str], ask: Ask, max_chars: int
+) -> Written:
+    """The previous summary with ``new_facts`` folded in, by the model or by the rules."""
+    payload = prompts.SummarizeInput(previous_summary=previous, new_facts=list(new_facts))
+    answer = await ask(prompts.SUMMARIZE, payload, max_chars=max_chars)
+    if isinstance(answer, FellBack):
+        return _by_rules(rule_based_summary(previous, new_facts, max_chars), answer.reason)
+    text = answer.output.summary.strip()
+    if not text:
+        return _by_rules(
+            rule_based_summary(previous, new_facts, max_chars),
+            f"{prompts.SUMMARIZE.name}: the model returned an empty summary",
+        )
+    return Written(bounded(text, max_chars), {"summarizer": SUMMARIZER_LLM, "model": answer.model})
+
+
+async def write_episode(turns: Sequence[prompts.EpisodeTurn], ask: Ask, max_chars: int) -> Written:
+    """One episode's text for the numbered ``turns``, by the model or by the rules."""
+    first, last = turns[0].n, turns[-1].n
+    payload = prompts.EpisodeInput(first_turn=first, last_turn=last, turns=list(turns))
+    answer = await ask(
+        prompts.EPISODE, payload, first_turn=first, last_turn=last, max_chars=max_chars
+    )
+    if isinstance(answer, FellBack):
+        return _by_rules(rule_based_episode(turns, max_chars), answer.reason)
+    text = answer.output.summary.strip()
+    if not text:
+        return _by_rules(
+            rule_based_episode(turns, max_chars),
+            f"{prompts.EPISODE.name}: the model returned an empty summary",
+        )
+    return Written(bounded(text, max_chars), {"summarizer": SUMMARIZER_LLM, "model": answer.model})
