@@ -694,3 +694,25 @@ async def test_open_webui_forwarded_user_header_names_the_user(
     assert fake_retrieval.requests[-1].user_id == "alice"
     bad = await client.post(CHAT, json=chat_body(user="x" * 300))
     assert_openai_error(bad, 400)
+
+
+async def test_a_chat_reports_where_the_gateway_spent_its_time(
+    client: httpx2.AsyncClient, scripted_upstream: Any, fake_retrieval: Any
+) -> None:
+    """``Server-Timing`` (what ``engram bench overhead`` and browsers' tools read): recall,
+    everything before the upstream call, the upstream call and recording the user turn,
+    each in ms; a chat without memory has no recall or record step."""
+    from engram_cli.bench_load import parse_server_timing
+
+    fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
+    remembered = await client.post(CHAT, json=chat_body())
+    timings = parse_server_timing(remembered.headers["server-timing"])
+    assert set(timings) == {"recall", "pre-upstream", "upstream", "record"}
+    assert all(ms >= 0 for ms in timings.values())
+    assert timings["pre-upstream"] >= timings["recall"]  # recall happens before the call
+
+    bypassed = await client.post(CHAT, json=chat_body(memory=False))
+    assert set(parse_server_timing(bypassed.headers["server-timing"])) == {
+        "pre-upstream",
+        "upstream",
+    }

@@ -26,7 +26,7 @@ class GatedEmbedder:
         self.gate.set()
         self.held: set[str] | None = None  # None: every run waits at the gate
 
-    def encode(self, texts: list[str]):  # type: ignore[no-untyped-def]
+    def encode(self, texts: list[str]):
         self.runs.append(list(texts))
         if self.held is None or self.held & set(texts):
             self.gate.wait(timeout=30)
@@ -37,7 +37,7 @@ async def test_concurrent_requests_share_one_run_and_get_their_own_vectors(
     embedder: Embedder,
 ) -> None:
     gated = GatedEmbedder(embedder)
-    queue = EncodeQueue(gated)  # type: ignore[arg-type]
+    queue = EncodeQueue(gated)
     gated.gate.clear()
     first = asyncio.create_task(queue.encode(["the first text"]))
     await asyncio.sleep(0.05)  # the first run is under way, held at the gate
@@ -56,7 +56,7 @@ async def test_concurrent_requests_share_one_run_and_get_their_own_vectors(
 async def test_a_search_does_not_wait_for_a_running_write(embedder: Embedder) -> None:
     gated = GatedEmbedder(embedder)
     gated.held = {"a turn to store"}
-    queue = EncodeQueue(gated)  # type: ignore[arg-type]
+    queue = EncodeQueue(gated)
     gated.gate.clear()
     write = asyncio.create_task(queue.encode(["a turn to store"]))
     await asyncio.sleep(0.05)  # the write's run is under way, held at the gate
@@ -70,7 +70,7 @@ async def test_a_search_does_not_wait_for_a_running_write(embedder: Embedder) ->
 
 async def test_recent_texts_are_not_embedded_again(embedder: Embedder) -> None:
     gated = GatedEmbedder(embedder)
-    queue = EncodeQueue(gated, cache_texts=2)  # type: ignore[arg-type]
+    queue = EncodeQueue(gated, cache_texts=2)
     (one,) = await queue.encode(["User owns a bike."])
     (again,) = await queue.encode(["User owns a bike."])
     assert again is one
@@ -85,12 +85,12 @@ async def test_a_failed_run_fails_its_callers_and_the_next_run_works(
     embedder: Embedder,
 ) -> None:
     class Failing(GatedEmbedder):
-        def encode(self, texts: list[str]):  # type: ignore[no-untyped-def]
+        def encode(self, texts: list[str]):
             if "poison" in texts:
                 raise RuntimeError("model failed")
             return super().encode(texts)
 
-    queue = EncodeQueue(Failing(embedder))  # type: ignore[arg-type]
+    queue = EncodeQueue(Failing(embedder))
     with pytest.raises(RuntimeError, match="model failed"):
         await queue.encode(["poison"])
     (fine,) = await queue.encode(["fine"])
