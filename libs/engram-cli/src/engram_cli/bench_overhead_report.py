@@ -279,6 +279,7 @@ def plot_overhead(results: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (cdf, cpu, backlog) = plt.subplots(1, 3, figsize=(16, 4.5))
     for mode, phase in results["latency"].items():
@@ -286,6 +287,8 @@ def plot_overhead(results: dict[str, Any], path: Path) -> None:
         if samples:
             cdf.plot(samples, [(i + 1) / len(samples) for i in range(len(samples))], label=mode)
     cdf.set_xscale("log")
+    cdf.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    cdf.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labels ran together
     cdf.set_xlabel("chat latency at the client (ms)")
     cdf.set_ylabel("fraction of chats")
     cdf.legend()
