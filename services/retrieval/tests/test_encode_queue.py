@@ -81,6 +81,17 @@ async def test_recent_texts_are_not_embedded_again(embedder: Embedder) -> None:
     assert queue.stats.cached == 2
 
 
+async def test_without_a_cache_every_text_is_embedded_each_time(embedder: Embedder) -> None:
+    """ENGRAM_EMBED_CACHE_TEXTS=0 (what engram bench scale runs with, so a repeated
+    question still costs its embedding)."""
+    gated = GatedEmbedder(embedder)
+    queue = EncodeQueue(gated, cache_texts=0)
+    await queue.encode(["User owns a bike."])
+    await queue.encode(["User owns a bike."])
+    assert gated.runs == [["User owns a bike."], ["User owns a bike."]]
+    assert queue.stats.cached == 0
+
+
 async def test_a_failed_run_fails_its_callers_and_the_next_run_works(
     embedder: Embedder,
 ) -> None:

@@ -37,10 +37,17 @@ from engram_cli.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
-# The environment of each engine's retrieval process ({data} = its data dir).
+# The environment of each engine's retrieval process ({data} = its data dir). No cache
+# of recent texts' vectors: the questions come from a few templates and repeat, and a
+# cached question would hide what embedding it costs.
+_UNCACHED = {"ENGRAM_EMBED_CACHE_TEXTS": "0"}
 ENGINES: dict[str, dict[str, str]] = {
-    "edge": {"ENGRAM_QDRANT_URL": "", "ENGRAM_QDRANT_PATH": ""},
-    "qdrant-local": {"ENGRAM_QDRANT_URL": "", "ENGRAM_QDRANT_PATH": "{data}/qdrant-local"},
+    "edge": {"ENGRAM_QDRANT_URL": "", "ENGRAM_QDRANT_PATH": "", **_UNCACHED},
+    "qdrant-local": {
+        "ENGRAM_QDRANT_URL": "",
+        "ENGRAM_QDRANT_PATH": "{data}/qdrant-local",
+        **_UNCACHED,
+    },
 }
 DEFAULT_ENGINE = "edge"
 # qdrant-client's local mode is a pure-Python brute-force store: a contrast, not a

@@ -129,7 +129,7 @@ async def build_server(
             overview_limit=settings.search_overview_limit,
             tracer=tracer,
             clock=clock,
-            encoder=EncodeQueue(embedder),
+            encoder=EncodeQueue(embedder, cache_texts=settings.embed_cache_texts),
         )
         servicer = MemoryServicer(store, embedder, pipeline)
         server = grpc.aio.server(

@@ -80,6 +80,14 @@ class RetrievalSettings(EngramSettings):
         default=0, ge=0, le=256, description="onnxruntime intra-op threads; 0: one per core."
     )
     embed_batch_size: int = Field(default=32, ge=1, le=1024)
+    embed_cache_texts: int = Field(
+        default=512,
+        ge=0,
+        le=100_000,
+        description="Vectors of this many recently embedded texts are kept, so a text "
+        "embedded again soon (reconcile searches for a fact and then stores it; a retried "
+        "Upsert; a repeated question) costs no model run; 0: none.",
+    )
     embed_max_length: int = Field(default=256, ge=8, le=512)
 
     search_top_k: int = Field(default=5, ge=1, le=100)
