@@ -23,8 +23,6 @@ from engram_core.memory import (
 
 STREAM_NAME = "ENGRAM"
 STREAM_SUBJECTS = ("engram.>",)
-#: JetStream de-duplicates messages with the same Nats-Msg-Id inside this window.
-DUPLICATE_WINDOW_S = 120.0
 DLQ_PREFIX = "engram.dlq"
 
 
