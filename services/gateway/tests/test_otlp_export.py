@@ -24,6 +24,16 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _stack_env(nats_url: str, upstream: Any, retrieval: Any, **otel: str) -> dict[str, str]:
+    """The gateway's environment against the test's NATS, upstream and retrieval."""
+    return _env(
+        ENGRAM_NATS_URL=nats_url,
+        ENGRAM_RETRIEVAL_ADDRESS=retrieval.address,
+        ENGRAM_LLM_BASE_URL=upstream.base_url,
+        **otel,
+    )
+
+
 async def _serve_one_request(env: dict[str, str]) -> None:
     """Start the gateway, send it one traced request, stop it (which flushes exports)."""
     process = await asyncio.create_subprocess_exec(
@@ -54,10 +64,10 @@ async def test_spans_and_metrics_reach_an_otlp_http_receiver(
 ) -> None:
     with otlp_http_receiver() as receiver:
         await _serve_one_request(
-            _env(
-                ENGRAM_NATS_URL=nats_url,
-                ENGRAM_RETRIEVAL_ADDRESS=fake_retrieval.address,
-                ENGRAM_LLM_BASE_URL=scripted_upstream.base_url,
+            _stack_env(
+                nats_url,
+                scripted_upstream,
+                fake_retrieval,
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
                 OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
                 OTEL_METRICS_EXPORTER="otlp",
@@ -77,10 +87,10 @@ async def test_the_traces_protocol_wins_over_the_generic_one(
 ) -> None:
     with otlp_http_receiver() as receiver:
         await _serve_one_request(
-            _env(
-                ENGRAM_NATS_URL=nats_url,
-                ENGRAM_RETRIEVAL_ADDRESS=fake_retrieval.address,
-                ENGRAM_LLM_BASE_URL=scripted_upstream.base_url,
+            _stack_env(
+                nats_url,
+                scripted_upstream,
+                fake_retrieval,
                 OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
                 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
                 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.url + "/v1/traces",
