@@ -341,7 +341,7 @@ async def test_a_store_made_before_token_vectors_opens_without_late_interaction(
 
     legacy = tmp_path / "legacy"
     legacy.mkdir()
-    shard = EdgeShard.create(str(legacy), edge_config(DIM, late_interaction=False))
+    shard = EdgeShard.create(str(legacy), edge_config(DIM, tokens=None))
     shard.close()
     store = await EdgeStore.open(legacy, DIM)
     try:
@@ -351,5 +351,70 @@ async def test_a_store_made_before_token_vectors_opens_without_late_interaction(
         await store.upsert("a", [stale])  # tokens are not written, the point is
         assert [p.id for p in await store.retrieve("a", [pid(1)])] == [pid(1)]
         assert await store.late_scores("a", unit_rows([1, 0, 0, 0]), [pid(1)]) == {}
+    finally:
+        await store.close()
+
+
+async def test_token_vectors_are_stored_quantised_and_score_as_float16_would(
+    tmp_path: Path,
+) -> None:
+    from qdrant_edge import VectorStorageDatatype
+
+    from engram_retrieval.store.edge_shard import open_shard
+
+    dim, rng = 384, np.random.default_rng(3)
+
+    def unit(m: np.ndarray) -> np.ndarray:
+        return (m / np.linalg.norm(m, axis=-1, keepdims=True)).astype(np.float32)
+
+    # like a sentence model's token vectors: a shared direction plus each token's own
+    shared = rng.normal(size=dim)
+    tokens = {n: unit(shared + rng.normal(size=(12, dim))) for n in range(1, 41)}
+    store = await EdgeStore.open(tmp_path / "shard", dim)
+    try:
+        points = []
+        for n, rows in tokens.items():
+            p = point(n, vector=list(unit(rng.normal(size=dim))))
+            p.tokens = rows.astype(np.float16)
+            points.append(p)
+        await store.upsert("a", points)
+        # a question that shares three of memory 7's tokens, roughly
+        query = unit(
+            np.vstack(
+                [
+                    tokens[7][:3] + 0.5 * unit(rng.normal(size=(3, dim))),
+                    shared + rng.normal(size=(3, dim)),
+                ]
+            )
+        )
+        scores = await store.late_scores("a", query, [pid(n) for n in tokens])
+    finally:
+        await store.close()
+    exact = {pid(n): float((query @ rows.T).max(axis=1).sum()) for n, rows in tokens.items()}
+    assert set(scores) == set(exact)
+    worst = max(abs(scores[i] - exact[i]) / exact[i] for i in exact)
+    assert worst < 0.01, worst  # measured: 0.09 %
+    assert max(scores, key=scores.__getitem__) == max(exact, key=exact.__getitem__) == pid(7)
+    _, held = open_shard(tmp_path / "shard", dim)
+    assert held == VectorStorageDatatype.Turbo8
+
+
+async def test_a_store_with_float16_token_vectors_opens_as_it_is(tmp_path: Path) -> None:
+    from qdrant_edge import EdgeShard, VectorStorageDatatype
+
+    from engram_retrieval.store.edge_shard import edge_config
+
+    earlier = tmp_path / "float16"
+    earlier.mkdir()
+    shard = EdgeShard.create(str(earlier), edge_config(DIM, tokens=VectorStorageDatatype.Float16))
+    shard.close()
+    store = await EdgeStore.open(earlier, DIM)
+    try:
+        assert store.late_interaction
+        one = point(1)
+        one.tokens = unit_rows([1, 0, 0, 0], [0, 0, 1, 0])
+        await store.upsert("a", [one])
+        scores = await store.late_scores("a", unit_rows([0, 0, 1, 0]), [pid(1)])
+        assert scores[pid(1)] == pytest.approx(1.0, abs=1e-3)  # float16: exact
     finally:
         await store.close()

@@ -73,8 +73,15 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 
 
 def process_memory_mb(pid: int) -> dict[str, float]:
-    """Resident memory of a process now (``VmRSS``) and at its peak (``VmHWM``), in MiB."""
-    wanted = {"VmRSS": "rss_mb", "VmHWM": "peak_rss_mb"}
+    """Resident memory of a process now (``VmRSS``), at its peak (``VmHWM``), and what
+    the resident set is: the process's own memory (``RssAnon``) and mapped file pages
+    (``RssFile``, which the kernel can drop and read back), in MiB."""
+    wanted = {
+        "VmRSS": "rss_mb",
+        "VmHWM": "peak_rss_mb",
+        "RssAnon": "anon_rss_mb",
+        "RssFile": "file_rss_mb",
+    }
     found: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         name, _, value = line.partition(":")

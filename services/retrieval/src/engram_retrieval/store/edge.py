@@ -62,7 +62,7 @@ from engram_retrieval.store.base import (
     stored_point,
 )
 from engram_retrieval.store.edge_optimize import ShardGenerations, run_optimizer
-from engram_retrieval.store.edge_shard import DEFAULT_INDEX_THRESHOLD, open_shard
+from engram_retrieval.store.edge_shard import DEFAULT_INDEX_THRESHOLD, TOKEN_DATATYPES, open_shard
 
 T = TypeVar("T")
 
@@ -151,7 +151,7 @@ class EdgeStore:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-edge")
         loop = asyncio.get_running_loop()
         try:
-            shard, late = await loop.run_in_executor(
+            shard, tokens = await loop.run_in_executor(
                 executor, open_shard, generations.open_active(), dim, threshold
             )
             # A store never optimised by a switch may hold any number of plain points.
@@ -167,12 +167,19 @@ class EdgeStore:
             optimize_after=optimize_after,
             index_threshold=threshold,
             unindexed=unindexed,
-            late_interaction=late,
+            late_interaction=tokens is not None,
         )
-        if not late:
+        if tokens is None:
             log.warning(
                 "store.no_token_vectors",
                 detail="searching without late interaction; run `engram rebuild` to re-index",
+                path=str(path),
+            )
+        elif tokens != TOKEN_DATATYPES[0]:
+            log.info(
+                "store.float16_token_vectors",
+                detail="token vectors are not quantised; `engram rebuild` makes the store "
+                "smaller in memory (docs/retrieval.md, Token vectors)",
                 path=str(path),
             )
         store._maybe_optimize()
@@ -235,16 +242,17 @@ class EdgeStore:
             )
         if sparse:
             queries.append(Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR))
+        # each scope's filter is built once and shared by its dense and lexical queries
         batch = QueryBatchRequest(
             [
                 QueryRequest(
                     limit=limit,
                     query=query,
-                    filter=to_edge_filter(f),
+                    filter=edge_filter,
                     with_payload=True,
                     with_vector=[DENSE_VECTOR],
                 )
-                for f in filters
+                for edge_filter in map(to_edge_filter, filters)
                 for query in queries
             ]
         )

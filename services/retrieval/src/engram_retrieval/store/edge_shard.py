@@ -35,8 +35,16 @@ DEFAULT_INDEX_THRESHOLD = 20_000
 # 384-d vectors) are answered exactly through the payload indexes, graph or not.
 TENANT_GRAPH_M = 16
 # Token vectors are only ever scored for given ids (late interaction over a candidate
-# pool), never searched: no graph at all (payload_m 0), and kept on disk (≈ 28 KB a
-# memory).
+# pool), never searched: no graph at all (payload_m 0), and kept on disk.
+#
+# They are stored quantised (TurboQuant, 8 bits a component): a memory's ≈ 20 token
+# vectors take ≈ 8 KB instead of 15 KB in float16, and scoring reads the compact codes
+# instead of faulting float16 pages into memory (a search's late interaction over 100
+# candidates touched ~1.6 MB of mapped file before). MaxSim from the codes differs from
+# float16's by < 0.4 % (docs/retrieval.md, "Token vectors"). Shards created with
+# float16 token vectors (before 2026-11-24) open as they are, and `engram rebuild`
+# quantises them.
+TOKEN_DATATYPES = (VectorStorageDatatype.Turbo8, VectorStorageDatatype.Float16)
 
 
 def _hnsw(payload_m: int, max_indexing_threads: int = 0) -> HnswIndexConfig:
@@ -50,16 +58,20 @@ def _hnsw(payload_m: int, max_indexing_threads: int = 0) -> HnswIndexConfig:
 
 
 def edge_config(
-    dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD, *, late_interaction: bool = True
+    dim: int,
+    index_threshold: int = DEFAULT_INDEX_THRESHOLD,
+    *,
+    tokens: VectorStorageDatatype | None = TOKEN_DATATYPES[0],
 ) -> EdgeConfig:
-    """The shard's configuration; the same in the service and the optimiser process."""
+    """The shard's configuration; the same in the service and the optimiser process.
+    ``tokens``: how token vectors are stored (None: a shard without them)."""
     vectors = {DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)}
-    if late_interaction:
+    if tokens is not None:
         vectors[TOKENS_VECTOR] = EdgeVectorParams(
             size=dim,
             distance=Distance.Cosine,
             multivector_config=MultiVectorConfig(MultiVectorComparator.MaxSim),
-            datatype=VectorStorageDatatype.Float16,
+            datatype=tokens,
             on_disk=True,
             hnsw_config=_hnsw(payload_m=0),
         )
@@ -86,23 +98,16 @@ def index_schema(kind: str) -> Any:
 
 def open_shard(
     path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD
-) -> tuple[EdgeShard, bool]:
-    """The shard at ``path`` (created when absent) and whether it holds token vectors:
-    a shard created before they existed is opened as it is, without them."""
+) -> tuple[EdgeShard, VectorStorageDatatype | None]:
+    """The shard at ``path`` (created when absent) and how it stores token vectors (None:
+    it has none). A shard created with an earlier layout opens as it is."""
     try:
         if path.is_dir() and any(path.iterdir()):
-            try:
-                shard = EdgeShard.load(str(path), edge_config(dim, index_threshold))
-                late = True
-            except Exception as exc:
-                if "vector storages with keys" not in str(exc):  # not a shard without tokens
-                    raise
-                config = edge_config(dim, index_threshold, late_interaction=False)
-                shard, late = EdgeShard.load(str(path), config), False
+            shard, tokens = _load(path, dim, index_threshold)
         else:
             path.mkdir(parents=True, exist_ok=True)
-            shard = EdgeShard.create(str(path), edge_config(dim, index_threshold))
-            late = True
+            tokens = TOKEN_DATATYPES[0]
+            shard = EdgeShard.create(str(path), edge_config(dim, index_threshold, tokens=tokens))
     except Exception as exc:  # the bindings raise plain Exception subclasses
         raise StoreError(f"cannot open the embedded Qdrant store at {path}: {exc}") from exc
     existing = shard.info().payload_schema
@@ -115,4 +120,23 @@ def open_shard(
             # created before sub-graphs were limited to the tenant: recreate
             shard.update(UpdateOperation.delete_field_index(name))
         shard.update(UpdateOperation.create_field_index(name, schema))
-    return shard, late
+    return shard, tokens
+
+
+def _load(
+    path: Path, dim: int, index_threshold: int
+) -> tuple[EdgeShard, VectorStorageDatatype | None]:
+    # Qdrant refuses a configuration that differs from the stored one, naming the
+    # difference: try the current layout, then the earlier ones.
+    for tokens in (*TOKEN_DATATYPES, None):
+        try:
+            config = edge_config(dim, index_threshold, tokens=tokens)
+            return EdgeShard.load(str(path), config), tokens
+        except Exception as exc:
+            earlier_layout = (
+                "expected vector storage datatype" in str(exc)  # other token storage
+                or "vector storages with keys" in str(exc)  # a shard without tokens
+            )
+            if tokens is None or not earlier_layout:
+                raise
+    raise AssertionError("unreachable")
