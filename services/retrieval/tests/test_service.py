@@ -315,6 +315,20 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
     assert all(h.memory.kind == pb.MEMORY_KIND_FACT for h in result.hits)
     assert result.summary.text == "Pets and travel."
     assert [(p.profile.key, p.profile.value) for p in result.profile] == [("name", "Sam")]
+    # a caller that only ranks (reconcile's duplicate check) gets the same hits, bare
+    bare = await client.search(
+        pb.SearchRequest(
+            tenant="acme",
+            query="Tell me about my dog",
+            user_id="u1",
+            conversation_id="c1",
+            top_k=10,
+            score_threshold=0.3,
+            hits_only=True,
+        )
+    )
+    assert [h.memory.id for h in bare.hits] == [h.memory.id for h in result.hits]
+    assert not bare.HasField("summary") and list(bare.profile) == []
     only_conv = await client.search(
         pb.SearchRequest(
             tenant="acme",

@@ -162,6 +162,9 @@ class SearchQuery:
     kinds: tuple[MemoryKindName, ...] = ()  # empty: turn, fact, episode
     now: datetime | None = None
     include_superseded: bool = False
+    # False: the hits only, without the conversation's summary and the user's profile
+    # (two more store reads), for callers that only rank, like reconcile's duplicate check
+    attachments: bool = True
 
 
 @dataclass(frozen=True)

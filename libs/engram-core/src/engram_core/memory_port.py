@@ -140,6 +140,7 @@ def query_to_pb(query: SearchQuery) -> pb.SearchRequest:
         scopes=[_SCOPE_VALUES[s] for s in query.scopes],
         kinds=[KIND_BY_NAME[k] for k in query.kinds],
         include_superseded=query.include_superseded,
+        hits_only=not query.attachments,
     )
     for name in ("top_k", "recency_weight", "score_threshold", "mmr_lambda"):
         value = getattr(query, name)

@@ -263,7 +263,7 @@ class SearchPipeline:
         params = self.params(query)
         scopes = self.scopes(query)
         now = query.now or self.clock()
-        attached = asyncio.ensure_future(asyncio.gather(self._summary(query), self._profile(query)))
+        attached = asyncio.ensure_future(self._attachments(query))
         try:
             if not query.kinds and asks_for_overview(query.text):
                 overview = await self._overview(query, scopes, params, now)
@@ -385,6 +385,14 @@ class SearchPipeline:
         return [scores[c.id] / n if c.id in scores else None for c in candidates]
 
     # -- what is attached ----------------------------------------------------------------
+
+    async def _attachments(
+        self, query: SearchQuery
+    ) -> tuple[StoredPoint | None, list[StoredPoint]]:
+        if not query.attachments:
+            return None, []
+        summary, profile = await asyncio.gather(self._summary(query), self._profile(query))
+        return summary, profile
 
     async def _summary(self, query: SearchQuery) -> StoredPoint | None:
         """The rolling summary of this user's conversation: the one with the summary id

@@ -183,6 +183,7 @@ def search_query(request: pb.SearchRequest) -> SearchQuery:
         kinds=_kind_tuple(request.kinds, "kinds"),
         now=from_timestamp(request.now) if request.HasField("now") else None,
         include_superseded=request.include_superseded,
+        attachments=not request.hits_only,
     )
 
 

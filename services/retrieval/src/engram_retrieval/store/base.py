@@ -101,12 +101,13 @@ def token_vectors_of(raw: Any) -> np.ndarray | None:
 
 def stored_point(record: Any, *, score: float | None = None) -> StoredPoint:
     """A StoredPoint from either adapter's record (both expose id, payload, vector)."""
+    vectors = record.vector  # built anew by the bindings on every access: read once
     return StoredPoint(
         id=str(record.id),
         payload=dict(record.payload or {}),
-        vector=dense_vector_of(record.vector),
+        vector=dense_vector_of(vectors),
         score=score,
-        tokens=token_vectors_of(record.vector),
+        tokens=token_vectors_of(vectors),
     )
 
 

@@ -129,6 +129,7 @@ class Neighbourhood:
                     recency_weight=0.0,
                     mmr_lambda=1.0,
                     now=p.turn_created_at,
+                    attachments=False,
                 )
             )
             self.similar[key] = {hit.memory.id: hit.scores.dense for hit in result.hits}

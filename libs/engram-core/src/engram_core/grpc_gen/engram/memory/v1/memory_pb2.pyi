@@ -162,7 +162,7 @@ class SearchHit(_message.Message):
     def __init__(self, memory: _Optional[_Union[Memory, _Mapping]] = ..., scores: _Optional[_Union[ScoreBreakdown, _Mapping]] = ..., scope: _Optional[_Union[Scope, str]] = ...) -> None: ...
 
 class SearchRequest(_message.Message):
-    __slots__ = ("tenant", "query", "user_id", "conversation_id", "top_k", "recency_weight", "score_threshold", "mmr_lambda", "scopes", "kinds", "now", "include_superseded")
+    __slots__ = ("tenant", "query", "user_id", "conversation_id", "top_k", "recency_weight", "score_threshold", "mmr_lambda", "scopes", "kinds", "now", "include_superseded", "hits_only")
     TENANT_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,7 @@ class SearchRequest(_message.Message):
     KINDS_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
+    HITS_ONLY_FIELD_NUMBER: _ClassVar[int]
     tenant: str
     query: str
     user_id: str
@@ -187,7 +188,8 @@ class SearchRequest(_message.Message):
     kinds: _containers.RepeatedScalarFieldContainer[MemoryKind]
     now: _timestamp_pb2.Timestamp
     include_superseded: bool
-    def __init__(self, tenant: _Optional[str] = ..., query: _Optional[str] = ..., user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., top_k: _Optional[int] = ..., recency_weight: _Optional[float] = ..., score_threshold: _Optional[float] = ..., mmr_lambda: _Optional[float] = ..., scopes: _Optional[_Iterable[_Union[Scope, str]]] = ..., kinds: _Optional[_Iterable[_Union[MemoryKind, str]]] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_superseded: _Optional[bool] = ...) -> None: ...
+    hits_only: bool
+    def __init__(self, tenant: _Optional[str] = ..., query: _Optional[str] = ..., user_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., top_k: _Optional[int] = ..., recency_weight: _Optional[float] = ..., score_threshold: _Optional[float] = ..., mmr_lambda: _Optional[float] = ..., scopes: _Optional[_Iterable[_Union[Scope, str]]] = ..., kinds: _Optional[_Iterable[_Union[MemoryKind, str]]] = ..., now: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_superseded: _Optional[bool] = ..., hits_only: _Optional[bool] = ...) -> None: ...
 
 class StageTimings(_message.Message):
     __slots__ = ("embed_ms", "candidates_ms", "rerank_ms", "mmr_ms", "total_ms")
