@@ -296,16 +296,15 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
             ],
         )
     )
-    result = await client.search(
-        pb.SearchRequest(
-            tenant="acme",
-            query="Tell me about my dog",
-            user_id="u1",
-            conversation_id="c1",
-            top_k=10,
-            score_threshold=0.3,
-        )
+    ask = pb.SearchRequest(
+        tenant="acme",
+        query="Tell me about my dog",
+        user_id="u1",
+        conversation_id="c1",
+        top_k=10,
+        score_threshold=0.3,
     )
+    result = await client.search(ask)
     scopes = {h.memory.text: h.scope for h in result.hits}
     assert scopes["My dog is called Biscuit."] == pb.SCOPE_CONVERSATION
     assert scopes["My dog Biscuit is a beagle."] == pb.SCOPE_USER
@@ -316,17 +315,8 @@ async def test_scopes_summary_and_profile(client: RetrievalClient) -> None:
     assert result.summary.text == "Pets and travel."
     assert [(p.profile.key, p.profile.value) for p in result.profile] == [("name", "Sam")]
     # a caller that only ranks (reconcile's duplicate check) gets the same hits, bare
-    bare = await client.search(
-        pb.SearchRequest(
-            tenant="acme",
-            query="Tell me about my dog",
-            user_id="u1",
-            conversation_id="c1",
-            top_k=10,
-            score_threshold=0.3,
-            hits_only=True,
-        )
-    )
+    ask.hits_only = True
+    bare = await client.search(ask)
     assert [h.memory.id for h in bare.hits] == [h.memory.id for h in result.hits]
     assert not bare.HasField("summary") and list(bare.profile) == []
     only_conv = await client.search(
