@@ -111,14 +111,20 @@ async def test_second_chat_recalls_the_first(
         )
 
     await wait_for(traced_across_services, 30, what="one trace spanning gateway, retrieval, ingest")
-    spans = read_spans(spans_file)
-    by_id = {s["span_id"]: s for s in spans}
-    ingest_spans = [s for s in spans if s["service"] == "engram-ingest"]
+
     # the ingest consumer continues the gateway's publish: its root has a gateway parent
-    assert any(
-        s["parent_span_id"] in by_id and by_id[s["parent_span_id"]]["service"] == "engram-gateway"
-        for s in ingest_spans
-    )
+    # (each process exports its spans in its own batches: wait for the gateway's publish)
+    async def ingest_continues_the_gateway() -> bool:
+        spans = read_spans(spans_file)
+        by_id = {s["span_id"]: s for s in spans}
+        return any(
+            s["parent_span_id"] in by_id
+            and by_id[s["parent_span_id"]]["service"] == "engram-gateway"
+            for s in spans
+            if s["service"] == "engram-ingest"
+        )
+
+    await wait_for(ingest_continues_the_gateway, 30, what="an ingest span under the gateway's")
 
 
 async def _at_least(awaitable, n: int) -> bool:
