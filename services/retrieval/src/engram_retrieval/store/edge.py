@@ -178,8 +178,8 @@ class EdgeStore:
         elif tokens != TOKEN_DATATYPES[0]:
             log.info(
                 "store.float16_token_vectors",
-                detail="token vectors are not quantised; `engram rebuild` makes the store "
-                "smaller in memory (docs/retrieval.md, Token vectors)",
+                detail="token vectors are not quantised; `engram rebuild` into a fresh "
+                "store makes it smaller in memory (docs/retrieval.md, Token vectors)",
                 path=str(path),
             )
         store._maybe_optimize()

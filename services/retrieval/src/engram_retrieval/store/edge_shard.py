@@ -42,8 +42,8 @@ TENANT_GRAPH_M = 16
 # instead of faulting float16 pages into memory (at 100k memories, 620 searches had
 # made 984 MB of float16 token pages resident). MaxSim from the codes differs from
 # float16's by ≈ 0.1 % (docs/retrieval.md, "Token vectors"). Shards created with
-# float16 token vectors (before 2026-11-24) open as they are, and `engram rebuild`
-# quantises them.
+# float16 token vectors (before 2026-11-24) open as they are; `engram rebuild` into a
+# fresh store (a new collection or data dir) gets quantised ones.
 TOKEN_DATATYPES = (VectorStorageDatatype.Turbo8, VectorStorageDatatype.Float16)
 
 
