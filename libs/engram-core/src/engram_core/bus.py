@@ -269,13 +269,21 @@ class ExpectedFetchNoise(logging.Filter):
 
 
 def make_broker(
-    nats_url: str, *, client_name: str, graceful_timeout: float | None = None
+    nats_url: str,
+    *,
+    client_name: str,
+    graceful_timeout: float | None = None,
+    apply_types: bool = True,
 ) -> NatsBroker:
     """A FastStream NATS broker with trace context propagation on publish/consume
     (:class:`~engram_core.messaging_telemetry.NatsTracingMiddleware`).
 
     ``graceful_timeout``: on stop, wait up to this long for in-flight handlers to finish
     (consumers set it; a publisher-only process does not need it).
+
+    ``apply_types=False``: subscribers get no dependency injection (the worker runtime
+    hands its handler the message itself; resolving one ``Context`` argument cost a
+    task group and a thread-pool round trip per message).
 
     FastStream's own logger would print coloured text to stdout; a plain stdlib logger
     sends its lines through the process's structlog formatter instead. Its per-message
@@ -295,6 +303,7 @@ def make_broker(
         max_reconnect_attempts=-1,
         logger=faststream_logger,
         log_level=logging.DEBUG,
+        apply_types=apply_types,
     )
 
 

@@ -29,8 +29,8 @@ import asyncio
 import signal
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, suppress
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -297,6 +297,7 @@ class Worker(Generic[E, S, R]):
             settings.nats_url,
             client_name=spec.service_name,
             graceful_timeout=settings.shutdown_grace_s,
+            apply_types=False,
         )
         self._retrieval: RetrievalClient | None = None
         self._memories: MemoryPort | None = None
@@ -308,6 +309,9 @@ class Worker(Generic[E, S, R]):
         #: Dead letters stored on this worker's dead-letter subject at the last refresh.
         self.dead_letters: int | None = None
         self._pending_task: asyncio.Task[None] | None = None
+        #: Messages being handled, with when their handler started (for the heartbeat).
+        self._in_flight: dict[int, tuple[NatsMessage, float]] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self.health = (
             HealthServer(
                 settings.health_host, settings.health_port, self.readiness, self.metrics_text
@@ -464,6 +468,7 @@ class Worker(Generic[E, S, R]):
         self._consuming = True
         _live_workers.add(self)
         self._pending_task = asyncio.create_task(self._refresh_pending_forever())
+        self._heartbeat_task = asyncio.create_task(self._keep_in_progress_forever())
         log.info(
             "worker.started", worker=self.spec.name, concurrency=self.settings.worker_concurrency
         )
@@ -479,6 +484,11 @@ class Worker(Generic[E, S, R]):
 
     async def _after_shutdown(self) -> None:
         # The broker has stopped (in-flight handlers done, connection drained).
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+            self._heartbeat_task = None
         await self._resources_stack.aclose()
         self._resources = None
         if self._retrieval is not None:
@@ -501,6 +511,7 @@ class Worker(Generic[E, S, R]):
             pull_sub=PullSub(batch_size=concurrency, timeout=self.settings.fetch_timeout_s),
             max_workers=concurrency if concurrency > 1 else None,
             ack_policy=AckPolicy.MANUAL,
+            decoder=_the_message,
             title=f"{self.spec.name}:{self.spec.event.subject}",
         )
         subscriber(self._on_message)
@@ -553,9 +564,10 @@ class Worker(Generic[E, S, R]):
             age_s=age_s,
         )
         started = time.perf_counter()
+        key = id(message)
+        self._in_flight[key] = (message, time.monotonic())
         try:
-            async with self._keep_in_progress(message):
-                await self.spec.handle(event, delivery)
+            await self.spec.handle(event, delivery)
         except PermanentError as exc:
             await self._dead_letter(message, attempt, str(exc))
             return
@@ -569,6 +581,8 @@ class Worker(Generic[E, S, R]):
         except Exception as exc:
             await self._retry_or_dead_letter(message, attempt, age_s, exc)
             return
+        finally:
+            self._in_flight.pop(key, None)
         await message.ack()
         metrics.events_processed.add(1, self._metric_attributes(message))
         log.debug("message.acked", duration_ms=round((time.perf_counter() - started) * 1e3, 1))
@@ -640,28 +654,29 @@ class Worker(Generic[E, S, R]):
             semconv.MESSAGING_DESTINATION_NAME: message.raw_message.subject,
         }
 
-    @asynccontextmanager
-    async def _keep_in_progress(self, message: NatsMessage) -> AsyncIterator[None]:
-        """Tell the server the message is still being worked on, so ack_wait never
-        expires under a slow but live handler and hands it to another replica."""
-
-        async def beat() -> None:
-            interval = self.settings.ack_wait_s / 3
-            while True:
-                await asyncio.sleep(interval)
+    async def _keep_in_progress_forever(self) -> None:
+        """Tell the server that messages still being handled are being worked on, so
+        ack_wait never expires under a slow but live handler and hands the message to
+        another replica. One task for all of them (a task per message cost more than
+        the beat): every ack_wait/3, each message handled for at least that long gets
+        an in-progress, so none goes longer than 2/3 of ack_wait without one."""
+        interval = self.settings.ack_wait_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            due = time.monotonic() - interval
+            for message, started in list(self._in_flight.values()):
+                if started > due:
+                    continue
                 try:
                     await message.in_progress()
                 except Exception as exc:  # the connection is gone; ack_wait takes over
                     log.debug("message.in_progress_failed", error=str(exc))
-                    return
 
-        task = asyncio.create_task(beat())
-        try:
-            yield
-        finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+
+async def _the_message(message: NatsMessage) -> NatsMessage:
+    """The subscriber's decoder: the handler receives the message itself and validates
+    its body against the worker's event type (a malformed one is dead-lettered)."""
+    return message
 
 
 async def _serve_until_signalled(spec: WorkerSpec[Any, S, Any], settings: S) -> None:
