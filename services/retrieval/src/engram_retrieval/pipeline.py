@@ -370,7 +370,10 @@ class SearchPipeline:
         in_window = np.array([c.created_at in window for c in candidates]) if window else None
         signals = PoolSignals(dense, sparse, late, adjacency, in_window)
         texts = [c.text for c in candidates]
-        relevance = await asyncio.to_thread(self.scorer.score, query.text, texts, signals)
+        if self.scorer.runs_model:
+            relevance = await asyncio.to_thread(self.scorer.score, query.text, texts, signals)
+        else:
+            relevance = self.scorer.score(query.text, texts, signals)
         return relevance, self.scorer.name, signals.late is not None
 
     async def _late_scores(

@@ -41,9 +41,12 @@ class PoolSignals:
 
 
 class RelevanceScorer(Protocol):
-    """Scores candidate texts against a query. CPU bound; call from a worker thread."""
+    """Scores candidate texts against a query."""
 
     name: str
+    #: Whether a score runs a model (call it from a worker thread) or is a little numpy
+    #: over the pool (call it inline: a thread hop costs more than the score).
+    runs_model: bool
 
     def score(
         self,
@@ -84,6 +87,7 @@ class CalibratedSimilarityScorer:
     """
 
     name = "calibrated-similarity"
+    runs_model = False
     SLOPE = 14.0
     MIDPOINT = 0.30
 
@@ -145,6 +149,7 @@ class CrossEncoderScorer:
     """
 
     name = "cross-encoder"
+    runs_model = True
 
     def __init__(
         self,
