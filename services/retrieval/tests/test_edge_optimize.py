@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engram_retrieval.lexical import LexicalEncoder
-from engram_retrieval.store import PointFilter, StoredPoint
+from engram_retrieval.store import PointFilter, StoredPoint, StoreError
 from engram_retrieval.store.edge import EdgeStore
 from engram_retrieval.store.edge_optimize import ShardGenerations
 from engram_testing.waiting import eventually
@@ -153,6 +153,17 @@ async def test_close_stops_a_running_optimisation(tmp_path: Path) -> None:
         assert await reopened.count(PointFilter(tenant="a")) == 600
     finally:
         await reopened.close()
+
+
+async def test_a_read_after_close_is_a_clear_error(tmp_path: Path) -> None:
+    # reads run inline on the event loop: one on a closed shard must not reach the engine
+    store = await EdgeStore.open(tmp_path / "shard", DIM)
+    await store.upsert("a", make_points(0, 10))
+    await store.close()
+    with pytest.raises(StoreError, match="store is closed"):
+        await store.search(QUERIES[0], FILTERS, 10)
+    with pytest.raises(StoreError, match="store is closed"):
+        await store.count(PointFilter(tenant="a"))
 
 
 def test_leftovers_of_interrupted_runs_are_removed(tmp_path: Path) -> None:

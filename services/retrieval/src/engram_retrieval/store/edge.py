@@ -1,8 +1,12 @@
 """The embedded store: a Qdrant Edge shard on local disk (``qdrant-edge-py``).
 
-Edge calls are synchronous; they run on one dedicated thread so the event loop never
-waits on them and the shard is only ever touched from one thread. They also hold the
-GIL while they run, which is why HNSW indexes are never built in this process: a
+Edge calls are synchronous and hold the GIL while they run (measured: a Python thread
+beside back-to-back queries runs at half speed, as beside another Python thread), so a
+thread gives them no parallelism with the event loop. Reads therefore run inline on
+the event loop: a hop to a thread and back cost more CPU than a typical read
+(docs/benchmarks.md). Writes, the journal and the switch to an optimised copy run on
+one dedicated edge thread, in order; a lock keeps a read off a shard while the switch
+closes it. Holding the GIL is also why HNSW indexes are never built in this process: a
 build of 100k points takes minutes and would freeze the whole service. Instead, once
 ``optimize_after`` points were written, :meth:`EdgeStore.optimize` builds them in a
 child process over a copy of the shard (:mod:`engram_retrieval.store.edge_optimize`)
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import shutil
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -124,6 +129,8 @@ class EdgeStore:
         self._executor = executor
         self.dim = dim
         self._closed = False
+        #: Held by a read, and by the edge thread while it switches or closes the shard.
+        self._shard_lock = threading.Lock()
         self._generations = generations
         self._index_threshold = index_threshold
         self.optimize_after = optimize_after
@@ -191,15 +198,17 @@ class EdgeStore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
-    async def _shard_call(self, method: str, *args: Any) -> Any:
-        """``method`` of the shard that is current when the edge thread runs the call
-        (an optimisation may switch shards while a call waits in the queue)."""
-        return await self._run(lambda: getattr(self._shard, method)(*args))
+    def _read(self, method: str, *args: Any) -> Any:
+        """A read (``method`` of the current shard), inline on the event loop."""
+        with self._shard_lock:
+            if self._closed:
+                raise StoreError("store is closed")
+            return getattr(self._shard, method)(*args)
 
     async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
         if not points:
             return
-        records = await self._shard_call(
+        records = self._read(
             "retrieve",
             [p.id for p in points],
             PayloadSelector.Include(["tenant"]),
@@ -256,7 +265,7 @@ class EdgeStore:
                 for query in queries
             ]
         )
-        results = await self._shard_call("query_batch", batch)
+        results = self._read("query_batch", batch)
         # A point found by several queries (dense and lexical, several scopes) is
         # converted once; its rows share the payload and the vector.
         converted: dict[str, StoredPoint] = {}
@@ -277,9 +286,7 @@ class EdgeStore:
         if not ids:
             return []
         vectors = [DENSE_VECTOR, TOKENS_VECTOR] if self.late_interaction else [DENSE_VECTOR]
-        records = await self._shard_call(
-            "retrieve", list(ids), True, vectors if with_vectors else False
-        )
+        records = self._read("retrieve", list(ids), True, vectors if with_vectors else False)
         points = [stored_point(r) for r in records]
         return [p for p in points if p.payload.get("tenant") == tenant]
 
@@ -304,7 +311,7 @@ class EdgeStore:
             with_payload=False,
             with_vector=False,
         )
-        found = await self._shard_call("query", request)
+        found = self._read("query", request)
         return {str(r.id): float(r.score) for r in found}
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
@@ -328,7 +335,7 @@ class EdgeStore:
             with_vector=False,
             order_by=OrderBy("created_at", direction=Direction.Desc),
         )
-        records, _ = await self._shard_call("scroll", request)
+        records, _ = self._read("scroll", request)
         return [stored_point(r) for r in records]
 
     async def _at(
@@ -342,17 +349,17 @@ class EdgeStore:
             with_payload=True,
             with_vector=False,
         )
-        records, _ = await self._shard_call("scroll", request)
+        records, _ = self._read("scroll", request)
         points = [stored_point(r) for r in records]
         return [p for p in points if p.id != after_id][:limit]
 
     async def count(self, flt: PointFilter) -> int:
         request = CountRequest(exact=True, filter=to_edge_filter(flt))
-        return int(await self._shard_call("count", request))
+        return int(self._read("count", request))
 
     async def facet(self, flt: PointFilter, key: str, limit: int) -> list[tuple[str, int]]:
         request = FacetRequest(key, limit=limit, exact=True, filter=to_edge_filter(flt))
-        found = await self._shard_call("facet", request)
+        found = self._read("facet", request)
         return [(str(hit.value), int(hit.count)) for hit in found.hits]
 
     async def close(self) -> None:
@@ -365,11 +372,12 @@ class EdgeStore:
         shard = self._shard
 
         def _close() -> None:
-            shard.flush()
-            shard.close()
+            with self._shard_lock:
+                self._closed = True
+                shard.flush()
+                shard.close()
 
         await loop.run_in_executor(self._executor, _close)
-        self._closed = True
         self._executor.shutdown(wait=True)
 
     # -- background optimisation --------------------------------------------------------
@@ -467,10 +475,11 @@ class EdgeStore:
         if journal:
             return False
         fresh.flush()
-        old = self._shard
-        self._generations.switch_to(target)
-        self._shard, self._journal = fresh, None
-        old.close()
+        with self._shard_lock:
+            old = self._shard
+            self._generations.switch_to(target)
+            self._shard, self._journal = fresh, None
+            old.close()
         return True
 
 
