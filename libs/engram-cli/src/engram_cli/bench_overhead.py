@@ -10,6 +10,9 @@ the scripted upstream in a process of its own (:mod:`engram_cli.bench_load`):
    gateway's own measure (its ``Server-Timing`` header) of the time from a request's
    arrival until it was handed to the upstream.
 2. **throughput**: ``--clients`` closed-loop clients for ``--seconds``, memory off, then on.
+   Last of all (so its backlog need not drain), memory on with every worker stopped
+   (SIGSTOP): what the read path alone costs per chat and allows, the ceiling of the
+   on / off ratio however cheap the write path gets.
 3. **pipeline**: ``engram bench pipeline``'s driver at ``--pipeline-rate`` turns/s (lag:
    a turn's ``turn.persisted`` to ingest's ``memory.changed``) while every worker's
    backlog is sampled; the phase ends when every worker has drained.
@@ -158,6 +161,34 @@ class Run:
         )
         return phases
 
+    async def reads_only(self) -> dict[str, Any]:
+        """Memory on, every worker stopped: the gateway's recall and record and
+        retrieval's search, nothing else. The workers resume afterwards with a backlog
+        this run does not wait for (the stack stops next)."""
+        workers = [
+            c.process for c in self.stack.components if c.name in WORKERS and c.process is not None
+        ]
+        sys.stderr.write(f"{self.cfg.clients} clients, memory on, workers stopped\n")
+        for process in workers:
+            process.send_signal(signal.SIGSTOP)
+        try:
+            before, load = self.meter.read(), _load()
+            samples, elapsed = await closed_loop(
+                functools.partial(self.chatter.send, "on"), self.cfg.clients, self.cfg.seconds
+            )
+            cpu = CpuMeter.per_unit(before, self.meter.read(), len(samples))
+        finally:
+            for process in workers:
+                process.send_signal(signal.SIGCONT)
+        ok = sum(s.status == 200 for s in samples)
+        chats_per_s = round(ok / elapsed, 1)
+        return {
+            **latency_summary(samples),
+            "chats_per_s": chats_per_s,
+            "cpu_ms_per_chat": cpu,
+            "load_avg_1m": load,
+        }
+
     async def pipeline(self, turns: int, first: int) -> dict[str, Any]:
         before, load = self.meter.read(), _load()
         started = time.perf_counter()
@@ -226,6 +257,13 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
                 results["pipeline"] = await run.pipeline(cfg.pipeline_turns, first=0)
                 if cfg.profile:
                     results["profile"] = await run.profile(profiles)
+                reads_only = await run.reads_only()
+                results["throughput"]["on_workers_stopped"] = reads_only
+                results["throughput"]["reads_only_over_off"] = round(
+                    reads_only["chats_per_s"]
+                    / max(results["throughput"]["off"]["chats_per_s"], 1e-9),
+                    3,
+                )
         finally:
             await nc.close()
     results["load_avg_1m_at_end"] = _load()

@@ -168,42 +168,56 @@ def _latency_table(results: dict[str, Any]) -> None:
 
 def _throughput_table(results: dict[str, Any]) -> None:
     t = results["throughput"]
+    labels = {"off": "off", "on": "on", "on_workers_stopped": "on, workers stopped"}
     rows = [
         [
-            mode,
+            label,
             t[mode]["chats_per_s"],
             _p(t[mode]["latency_ms"], "p50"),
             _p(t[mode]["latency_ms"], "p95"),
             t[mode]["failed"],
             t[mode]["load_avg_1m"],
         ]
-        for mode in ("off", "on")
+        for mode, label in labels.items()
+        if mode in t
     ]
+    title = f"closed-loop clients (on / off = {t['on_over_off']:g}"
+    if "reads_only_over_off" in t:
+        title += f"; workers stopped / off = {t['reads_only_over_off']:g}"
     print_table(
-        ["memory", "chats/s", "p50 ms", "p95 ms", "failed", "load"],
-        rows,
-        title=f"closed-loop clients (on / off = {t['on_over_off']:g})",
+        ["memory", "chats/s", "p50 ms", "p95 ms", "failed", "load"], rows, title=title + ")"
     )
 
 
 def _cpu_table(results: dict[str, Any]) -> None:
     lat, pipe = results["latency"], results["pipeline"]["cpu_ms_per_turn"]
     idle = results["idle_cpu_ms_per_s"]
+    reads = results["throughput"].get("on_workers_stopped", {}).get("cpu_ms_per_chat", {})
     rows = [
         [
             name,
             lat["direct"]["cpu_ms_per_chat"][name],
             lat["off"]["cpu_ms_per_chat"][name],
             lat["on"]["cpu_ms_per_chat"][name],
+            reads.get(name, "-"),
             pipe[name],
             idle.get(name, "-"),
         ]
         for name in pipe
     ]
     print_table(
-        ["process", "direct ms/chat", "off ms/chat", "on ms/chat", "pipeline ms/turn", "idle ms/s"],
+        [
+            "process",
+            "direct ms/chat",
+            "off ms/chat",
+            "on ms/chat",
+            "reads only ms/chat",
+            "pipeline ms/turn",
+            "idle ms/s",
+        ],
         rows,
-        title="CPU per chat (latency phase) and per turn (pipeline phase)",
+        title="CPU per chat (latency phase; reads only: 32 clients, workers stopped) "
+        "and per turn (pipeline phase)",
     )
 
 
