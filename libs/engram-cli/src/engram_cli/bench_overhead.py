@@ -84,6 +84,10 @@ class OverheadConfig:
     profile_turns: int = 600
 
 
+def _ratio(phase: dict[str, Any], baseline: dict[str, Any]) -> float:
+    return round(float(phase["chats_per_s"]) / max(float(baseline["chats_per_s"]), 1e-9), 3)
+
+
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -138,27 +142,30 @@ class Run:
             }
         return phases
 
+    async def _closed_loop(self, mode: str, drain: bool) -> dict[str, Any]:
+        """``--clients`` closed-loop clients for ``--seconds``; CPU per chat read after
+        the write path drained (``drain``) or right away."""
+        before, load = self.meter.read(), _load()
+        samples, elapsed = await closed_loop(
+            functools.partial(self.chatter.send, mode), self.cfg.clients, self.cfg.seconds
+        )
+        drained = {"drained_after_s": round(await self.backlog.wait_drained(), 2)} if drain else {}
+        self.stack.check_alive()
+        ok = sum(s.status == 200 for s in samples)
+        return {
+            **latency_summary(samples),
+            "chats_per_s": round(ok / elapsed, 1),
+            "cpu_ms_per_chat": CpuMeter.per_unit(before, self.meter.read(), len(samples)),
+            **drained,
+            "load_avg_1m": load,
+        }
+
     async def throughput(self) -> dict[str, Any]:
         phases: dict[str, Any] = {}
         for mode in ("off", "on"):
             sys.stderr.write(f"{self.cfg.clients} clients, memory {mode}, {self.cfg.seconds:g}s\n")
-            before, load = self.meter.read(), _load()
-            samples, elapsed = await closed_loop(
-                functools.partial(self.chatter.send, mode), self.cfg.clients, self.cfg.seconds
-            )
-            drained_s = await self.backlog.wait_drained()
-            self.stack.check_alive()
-            ok = sum(s.status == 200 for s in samples)
-            phases[mode] = {
-                **latency_summary(samples),
-                "chats_per_s": round(ok / elapsed, 1),
-                "cpu_ms_per_chat": CpuMeter.per_unit(before, self.meter.read(), len(samples)),
-                "drained_after_s": round(drained_s, 2),
-                "load_avg_1m": load,
-            }
-        phases["on_over_off"] = round(
-            phases["on"]["chats_per_s"] / max(phases["off"]["chats_per_s"], 1e-9), 3
-        )
+            phases[mode] = await self._closed_loop(mode, drain=True)
+        phases["on_over_off"] = _ratio(phases["on"], phases["off"])
         return phases
 
     async def reads_only(self) -> dict[str, Any]:
@@ -172,22 +179,10 @@ class Run:
         for process in workers:
             process.send_signal(signal.SIGSTOP)
         try:
-            before, load = self.meter.read(), _load()
-            samples, elapsed = await closed_loop(
-                functools.partial(self.chatter.send, "on"), self.cfg.clients, self.cfg.seconds
-            )
-            cpu = CpuMeter.per_unit(before, self.meter.read(), len(samples))
+            return await self._closed_loop("on", drain=False)
         finally:
             for process in workers:
                 process.send_signal(signal.SIGCONT)
-        ok = sum(s.status == 200 for s in samples)
-        chats_per_s = round(ok / elapsed, 1)
-        return {
-            **latency_summary(samples),
-            "chats_per_s": chats_per_s,
-            "cpu_ms_per_chat": cpu,
-            "load_avg_1m": load,
-        }
 
     async def pipeline(self, turns: int, first: int) -> dict[str, Any]:
         before, load = self.meter.read(), _load()
@@ -259,10 +254,8 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
                     results["profile"] = await run.profile(profiles)
                 reads_only = await run.reads_only()
                 results["throughput"]["on_workers_stopped"] = reads_only
-                results["throughput"]["reads_only_over_off"] = round(
-                    reads_only["chats_per_s"]
-                    / max(results["throughput"]["off"]["chats_per_s"], 1e-9),
-                    3,
+                results["throughput"]["reads_only_over_off"] = _ratio(
+                    reads_only, results["throughput"]["off"]
                 )
         finally:
             await nc.close()
