@@ -191,6 +191,42 @@ async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, p
     assert await dead_letter_count(workers.nats_url, "evict") == 0
 
 
+async def test_a_new_summary_or_profile_entry_evicts_nothing_a_new_turn_does(
+    workers, retrieval, publisher
+) -> None:
+    # Summaries and profile entries are exempt from the limit: their changes are not
+    # even counted. The next turn finds the conversation over its limit.
+    counts: list[Any] = []
+    store_facet = retrieval.server.store.facet  # Count over several kinds is one facet
+
+    async def recording_facet(flt: Any, key: str, limit: int) -> Any:
+        counts.append(flt)
+        return await store_facet(flt, key, limit)
+
+    retrieval.server.store.facet = recording_facet
+    turns = [memory(f"turn-{i}", pb.MEMORY_KIND_TURN, i, role="user") for i in range(4)]
+    summary = memory("summary", pb.MEMORY_KIND_SUMMARY, 5)
+    profile = memory(
+        "profile",
+        pb.MEMORY_KIND_PROFILE,
+        6,
+        profile=pb.ProfileEntry(category="identity", key="name", value="Ana", confidence=0.9),
+    )
+    stored = await store(retrieval, *turns, summary, profile)
+    await start_evict(workers, max_entries=2)
+    await publish_event(publisher, changed(TENANT, stored[summary.id]))
+    await publish_event(publisher, changed(TENANT, stored[profile.id]))
+    await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the acks")
+    assert counts == [] and await evicted_events(workers) == []
+    assert len(await remaining(retrieval)) == 6
+
+    await publish_event(publisher, changed(TENANT, stored[turns[-1].id]))
+    await eventually(
+        lambda: _equals(remaining(retrieval), {turns[2].id, turns[3].id, summary.id, profile.id}),
+        what="the two oldest turns evicted",
+    )
+
+
 def test_the_newest_episode_is_never_chosen() -> None:
     episodes = [record_from_pb(memory(f"episode-{i}", pb.MEMORY_KIND_EPISODE, i)) for i in range(3)]
     order = eviction_order([], [], episodes)

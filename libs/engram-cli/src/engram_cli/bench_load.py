@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+from prometheus_client.parser import text_string_to_metric_families
 
 from engram_cli.bench_common import percentiles, process_cpu_s
 from engram_cli.console import ProgressBar
@@ -154,6 +155,57 @@ class CpuMeter:
         used = {name: (after[name] - before[name]) * 1e3 / max(1, units) for name in before}
         used["total"] = sum(used.values())
         return {name: round(ms, 2) for name, ms in used.items()}
+
+
+RPC_CLIENT_METRIC = "rpc_client_call_duration_seconds"
+
+
+class RpcCalls:
+    """The retrieval calls each process made, by method, from the ``rpc.client.call
+    .duration`` histogram on its ``/metrics``: which caller asks retrieval for what,
+    how often per turn, and how long each took."""
+
+    def __init__(self, http: httpx2.AsyncClient, metrics_urls: dict[str, str]) -> None:
+        self.http = http
+        self.metrics_urls = metrics_urls
+
+    async def read(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """``{caller: {method: (calls, seconds)}}``."""
+        calls: dict[str, dict[str, tuple[float, float]]] = {}
+        for caller, url in self.metrics_urls.items():
+            response = await self.http.get(url)
+            response.raise_for_status()
+            counts: dict[str, list[float]] = {}
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    suffix = sample.name.removeprefix(RPC_CLIENT_METRIC)
+                    if sample.name == suffix or suffix not in ("_count", "_sum"):
+                        continue
+                    method = sample.labels.get("rpc_method", "?")
+                    slot = counts.setdefault(method, [0.0, 0.0])
+                    slot[0 if suffix == "_count" else 1] += sample.value
+            calls[caller] = {m: (c, s) for m, (c, s) in counts.items()}
+        return calls
+
+    @staticmethod
+    def per_unit(
+        before: dict[str, dict[str, tuple[float, float]]],
+        after: dict[str, dict[str, tuple[float, float]]],
+        units: int,
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """``{caller: {method: {"per_turn", "mean_ms"}}}`` for the calls made between the
+        two reads (methods not called are left out)."""
+        table: dict[str, dict[str, dict[str, float]]] = {}
+        for caller, methods in after.items():
+            for method, (count, seconds) in methods.items():
+                count0, seconds0 = before.get(caller, {}).get(method, (0.0, 0.0))
+                if count - count0 <= 0:
+                    continue
+                table.setdefault(caller, {})[method] = {
+                    "per_turn": round((count - count0) / max(1, units), 3),
+                    "mean_ms": round((seconds - seconds0) * 1e3 / (count - count0), 2),
+                }
+        return table
 
 
 class Backlog:

@@ -48,6 +48,7 @@ from engram_cli.bench_load import (
     Backlog,
     Chatter,
     CpuMeter,
+    RpcCalls,
     at_rate,
     closed_loop,
     latency_summary,
@@ -96,13 +97,20 @@ class Run:
     """One bench run against a started stack."""
 
     def __init__(
-        self, cfg: OverheadConfig, stack: Stack, chatter: Chatter, meter: CpuMeter, backlog: Backlog
+        self,
+        cfg: OverheadConfig,
+        stack: Stack,
+        chatter: Chatter,
+        meter: CpuMeter,
+        backlog: Backlog,
+        rpc_calls: RpcCalls,
     ) -> None:
         self.cfg = cfg
         self.stack = stack
         self.chatter = chatter
         self.meter = meter
         self.backlog = backlog
+        self.rpc_calls = rpc_calls
 
     async def idle(self) -> dict[str, float]:
         """CPU of the stack doing nothing, ms per second (the floor under every phase)."""
@@ -186,6 +194,7 @@ class Run:
 
     async def pipeline(self, turns: int, first: int) -> dict[str, Any]:
         before, load = self.meter.read(), _load()
+        calls_before = await self.rpc_calls.read()
         started = time.perf_counter()
         async with self.backlog.sampled() as series:
             result = await drive_pipeline(
@@ -207,6 +216,9 @@ class Run:
             "whole_stack_turns_per_s": round(result["turns"] / (send_s + drained_after_s), 1),
             "max_backlog": {w: max((s.get(w, 0) for s in series), default=0) for w in WORKERS},
             "cpu_ms_per_turn": CpuMeter.per_unit(before, self.meter.read(), result["turns"]),
+            "retrieval_calls": RpcCalls.per_unit(
+                calls_before, await self.rpc_calls.read(), result["turns"]
+            ),
             "load_avg_1m": load,
             "backlog_series": series,
             "lag_samples_ms": result["samples_ms"],
@@ -244,7 +256,9 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
                     history=cfg.history,
                 )
                 meter = CpuMeter(stack_pids(stack, upstream_pid))
-                run = Run(cfg, stack, chatter, meter, Backlog(nc.jetstream(), WORKERS))
+                rpc_calls = RpcCalls(http, _metrics_urls(stack))
+                backlog = Backlog(nc.jetstream(), WORKERS)
+                run = Run(cfg, stack, chatter, meter, backlog, rpc_calls)
                 results["idle_cpu_ms_per_s"] = await run.idle()
                 await run.warm_up()
                 results["latency"] = await run.latency()
@@ -261,6 +275,15 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
             await nc.close()
     results["load_avg_1m_at_end"] = _load()
     return results
+
+
+def _metrics_urls(stack: Stack) -> dict[str, str]:
+    """Each retrieval caller's Prometheus endpoint: the gateway's port, the workers'
+    health ports."""
+    urls = {"gateway": f"{stack.settings.local_gateway_url}/metrics"}
+    for worker, port in stack.worker_health_ports().items():
+        urls[worker] = f"http://127.0.0.1:{port}/metrics"
+    return urls
 
 
 def _cmd_overhead(args: argparse.Namespace) -> int:

@@ -272,11 +272,27 @@ def _profile_table(results: dict[str, Any]) -> None:
     )
 
 
+def _retrieval_calls_table(results: dict[str, Any]) -> None:
+    calls = results["pipeline"].get("retrieval_calls") or {}
+    rows = [
+        [caller, method, numbers["per_turn"], numbers["mean_ms"]]
+        for caller, methods in calls.items()
+        for method, numbers in sorted(methods.items())
+    ]
+    if rows:
+        print_table(
+            ["caller", "method", "calls/turn", "mean ms"],
+            rows,
+            title="retrieval calls per turn, by caller (pipeline phase; client-side time)",
+        )
+
+
 def print_report(results: dict[str, Any]) -> None:
     _latency_table(results)
     _throughput_table(results)
     _cpu_table(results)
     _pipeline_table(results)
+    _retrieval_calls_table(results)
     _profile_table(results)
     print_table(
         ["target", "wanted", "measured", "met"],

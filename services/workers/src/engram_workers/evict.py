@@ -1,9 +1,10 @@
 """Evict worker: keeps each conversation under ``max_entries`` memories.
 
 Consumes ``engram.memory.changed.v1`` (durable consumer ``evict``). Every ``created``
-change in a user's conversation triggers a check: retrieval ``Count`` of the memories subject
-to eviction — turns, facts (superseded ones included: they still take space) and
-episodes. Summaries and profile entries are exempt and not counted. Above the limit,
+turn, fact or episode in a user's conversation triggers a check: retrieval ``Count`` of
+the memories subject to eviction — turns, facts (superseded ones included: they still
+take space) and episodes. Summaries and profile entries are exempt: not counted, and
+their changes trigger no check. Above the limit,
 the excess is removed in this order, oldest first within each class:
 
 1. raw turns;
@@ -131,7 +132,8 @@ def _counted_scope(event: MemoryChanged) -> MemoryFilter:
 
 
 async def evict(event: MemoryChanged, delivery: EvictDelivery) -> None:
-    if event.op != "created":
+    # Only a new memory of a counted kind can take a conversation over its limit.
+    if event.op != "created" or event.memory.kind not in COUNTED_KINDS:
         return
     settings = delivery.settings
     # Counted first without the lock: most changes leave the conversation under its
