@@ -27,6 +27,7 @@ from engram_testing.worker_stack import (
 )
 from engram_workers.prompts import EpisodeTurn
 from engram_workers.summarize import SUMMARIZE, SummarizeSettings
+from engram_workers.summarize.app import EpisodeBoundaries
 from engram_workers.summarize.core import episode_memory_id, rule_based_episode
 
 pytestmark = pytest.mark.integration
@@ -273,6 +274,52 @@ async def test_a_window_waits_for_a_later_turn(
     ]
 
 
+def _ranges(found: list[pb.Memory]) -> list[tuple[int, int]]:
+    return [(e.turn_range.first_turn, e.turn_range.last_turn) for e in found]
+
+
+async def test_two_replicas_build_each_window_once_in_order(
+    workers, retrieval, scripted_upstream, model, publisher
+) -> None:
+    # Each replica remembers a conversation's episode boundary between turns; the other
+    # replica's episodes make what it remembers stale, never wrong.
+    for _ in range(2):
+        await start_summarize(workers, scripted_upstream, episode_turns=4, worker_concurrency=4)
+    for start in range(1, 30, 7):  # bursts: windows close while turns keep arriving
+        await add_turns(retrieval, publisher, range(start, start + 7))
+    await eventually(
+        lambda: consumer_settled(workers.nats_url, "summarize"), what="every turn handled"
+    )
+    assert _ranges(await episodes(retrieval)) == [(n, n + 3) for n in range(1, 33, 4)]
+    announced = [
+        e.memory.id
+        for e in await published(workers.nats_url, MemoryChanged)
+        if e.memory.kind == "episode"
+    ]
+    assert sorted(announced) == sorted(e.id for e in await episodes(retrieval))
+    assert len(model.inputs("episode")) == 8  # no window asked of the model twice
+
+
+async def test_a_deleted_episode_is_built_again_by_the_next_turn(
+    workers, retrieval, scripted_upstream, model, publisher
+) -> None:
+    # What a person deletes in the memory browser: the turns are uncovered again, and
+    # the boundary this worker remembered must not hide that. (One at a time: turn 6
+    # is handled after the episode exists, so the boundary remembered is the episode's.)
+    await start_summarize(workers, scripted_upstream, episode_turns=4, worker_concurrency=1)
+    await add_turns(retrieval, publisher, range(1, 7))
+    [episode] = await eventually(lambda: episodes(retrieval), what="turns 1-4")
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the acks")
+    await retrieval.client.delete(pb.DeleteRequest(tenant=TENANT, ids=[episode.id]))
+    await publish_event(publisher, changed(TENANT, episode, op="deleted", cause="api"))
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the delete")
+    assert await episodes(retrieval) == []
+
+    await add_turns(retrieval, publisher, range(7, 8))
+    rebuilt = await eventually(lambda: episodes(retrieval), what="turns 1-4 again")
+    assert _ranges(rebuilt) == [(1, 4)] and rebuilt[0].id == episode.id
+
+
 def test_rule_based_episode_is_bounded_and_keeps_conversation_order() -> None:
     turns = [
         EpisodeTurn(n=n, role="user" if n % 2 else "assistant", text=turn_text(n))
@@ -287,3 +334,19 @@ def test_rule_based_episode_is_bounded_and_keeps_conversation_order() -> None:
     assert "Hi there" not in rule_based_episode(hello, 2000)
     body = rule_based_episode(turns, 2000)
     assert body.index(CELLO) < body.index("Q: What should I get Anna")
+
+
+def test_a_remembered_boundary_expires_and_the_oldest_conversation_goes_first() -> None:
+    now = [0.0]
+    boundaries = EpisodeBoundaries(size=2, ttl_s=60.0, clock=lambda: now[0])
+    a, b, c = (("acme", "u1", name) for name in "abc")
+    boundaries.put(a, START)
+    boundaries.put(b, None)  # no episode yet is remembered too
+    assert boundaries.get(a) == (True, START) and boundaries.get(b) == (True, None)
+    boundaries.put(c, START)  # over the size: a, the least recently used, goes
+    assert boundaries.get(a) == (False, None) and boundaries.get(c) == (True, START)
+    now[0] = 61.0
+    assert boundaries.get(c) == (False, None)  # read afresh after ttl_s
+    boundaries.put(c, START)
+    boundaries.drop(c)
+    assert boundaries.get(c) == (False, None)

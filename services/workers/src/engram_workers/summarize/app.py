@@ -10,7 +10,9 @@ Consumes ``engram.memory.changed.v1`` (durable consumer ``summarize``):
 - a **turn** ``created`` → when at least ``episode_turns + 1`` turns are not yet covered
   by an episode, compress the oldest ``episode_turns`` of them into one ``episode``.
 
-Changes this worker caused itself (kinds ``summary`` and ``episode``) are ignored. Each
+Changes this worker caused itself (kinds ``summary`` and ``episode``) are ignored, except
+that an episode deleted or evicted makes it forget the boundary it remembered for that
+conversation (:class:`EpisodeBoundaries`). Each
 job holds a lock on the user's conversation, so two replicas never fold into the same
 summary at once (no lost update) nor build the same window twice. A model that is not
 configured, answers junk, or stays unavailable until the last delivery gets the
@@ -25,9 +27,12 @@ between the write and the publish loses no event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from pydantic import Field
 
@@ -75,10 +80,59 @@ class SummarizeSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     )
 
 
+ConversationKey = tuple[str, str, str]  # tenant, user, conversation
+
+
+class EpisodeBoundaries:
+    """Each conversation's episode boundary (the newest episode's ``created_at``; None:
+    no episode yet), remembered between turns for the check each turn makes without
+    the lock, so a turn costs one ``Count`` and no ``List``.
+
+    A remembered boundary is never newer than the stored one, except after the newest
+    episode was deleted (by a person: evict never takes it). An older one is harmless:
+    another replica's episode only makes the count higher, and the lock path reads
+    afresh. So an entry is dropped when this replica builds an episode or sees one
+    deleted, and lives ``ttl_s`` at most (the deletion another replica saw)."""
+
+    def __init__(
+        self,
+        *,
+        size: int = 10_000,
+        ttl_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.size = size
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._entries: OrderedDict[ConversationKey, tuple[float, datetime | None]] = OrderedDict()
+
+    def get(self, key: ConversationKey) -> tuple[bool, datetime | None]:
+        """(whether one is remembered, the boundary)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False, None
+        stored_at, boundary = entry
+        if self.clock() - stored_at > self.ttl_s:
+            del self._entries[key]
+            return False, None
+        self._entries.move_to_end(key)
+        return True, boundary
+
+    def put(self, key: ConversationKey, boundary: datetime | None) -> None:
+        self._entries[key] = (self.clock(), boundary)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def drop(self, key: ConversationKey) -> None:
+        self._entries.pop(key, None)
+
+
 @dataclass
 class SummarizeResources:
     llm: LlmClient
     locks: KeyLocks
+    boundaries: EpisodeBoundaries = field(default_factory=EpisodeBoundaries)
 
 
 SummarizeDelivery = Delivery[SummarizeSettings, SummarizeResources]
@@ -110,6 +164,12 @@ async def summarize(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
         await drop_superseded(event, delivery)
     elif kind == "turn" and op == "created":
         await update_episodes(event, delivery)
+    elif kind == "episode" and op in ("deleted", "evicted"):
+        delivery.resources.boundaries.drop(_conversation(event))
+
+
+def _conversation(event: MemoryChanged) -> ConversationKey:
+    return (event.tenant, event.user_id, event.conversation_id)
 
 
 @asynccontextmanager
@@ -256,37 +316,41 @@ async def _chat_models(
 
 
 async def update_episodes(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
-    settings, memories = delivery.settings, delivery.memories
-    tenant = event.tenant
     # Most turns close no window: found out without the lock (a stale anchor only
     # counts more turns, so it can never hide a window that closes).
     if delivery.attempt == 1 and not await _window_may_close(
-        delivery, event, await _recent_episodes(delivery, event), settings.episode_turns
+        delivery, event, delivery.settings.episode_turns
     ):
         return
-    async with _conversation_lock(delivery, "episodes", event):
-        recent = await _recent_episodes(delivery, event)
-        if delivery.attempt > 1:
-            for episode in recent:
-                if episode.metadata.get("trigger_event_id") == event.event_id:
-                    await delivery.worker.publish(
-                        lifecycle.change(tenant, episode, "created", cause="summarize:episode")
-                    )
-        anchor = core.anchor_of(recent)
-        # Newest first: only the uncovered tail of the conversation is read.
-        tail: list[MemoryRecord] = []
-        turns_scope = _scope(event, "turn", current_only=False)
-        async for turn in memories.iter_list(tenant, turns_scope, page_size=LIST_PAGE):
-            if (
-                anchor.boundary is not None
-                and turn.created_at
-                and turn.created_at < anchor.boundary
-            ):
-                break
-            tail.append(turn)
-        turns = core.uncovered(tail, anchor)
-        for first, window in core.closed_windows(turns, anchor, settings.episode_turns):
-            await _write_episode(delivery, event, window, first)
+    try:
+        async with _conversation_lock(delivery, "episodes", event):
+            await _build_closed_windows(event, delivery)
+    finally:
+        # Episodes may have been built: the next turn reads the boundary afresh.
+        delivery.resources.boundaries.drop(_conversation(event))
+
+
+async def _build_closed_windows(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
+    """Every window that closed, as an episode (the caller holds the lock)."""
+    settings, memories, tenant = delivery.settings, delivery.memories, event.tenant
+    recent = await _recent_episodes(delivery, event)
+    if delivery.attempt > 1:
+        for episode in recent:
+            if episode.metadata.get("trigger_event_id") == event.event_id:
+                await delivery.worker.publish(
+                    lifecycle.change(tenant, episode, "created", cause="summarize:episode")
+                )
+    anchor = core.anchor_of(recent)
+    # Newest first: only the uncovered tail of the conversation is read.
+    tail: list[MemoryRecord] = []
+    turns_scope = _scope(event, "turn", current_only=False)
+    async for turn in memories.iter_list(tenant, turns_scope, page_size=LIST_PAGE):
+        if anchor.boundary is not None and turn.created_at and turn.created_at < anchor.boundary:
+            break
+        tail.append(turn)
+    turns = core.uncovered(tail, anchor)
+    for first, window in core.closed_windows(turns, anchor, settings.episode_turns):
+        await _write_episode(delivery, event, window, first)
 
 
 async def _recent_episodes(delivery: SummarizeDelivery, event: MemoryChanged) -> list[MemoryRecord]:
@@ -296,16 +360,16 @@ async def _recent_episodes(delivery: SummarizeDelivery, event: MemoryChanged) ->
     return page.records
 
 
-async def _window_may_close(
-    delivery: SummarizeDelivery, event: MemoryChanged, episodes: list[MemoryRecord], size: int
-) -> bool:
+async def _window_may_close(delivery: SummarizeDelivery, event: MemoryChanged, size: int) -> bool:
     """Whether more than ``size`` turns may be uncovered: the turns from the newest
     episode's newest covered turn on, counted (an upper bound of the uncovered ones),
     which is far cheaper than reading them."""
-    since = replace(
-        _scope(event, "turn", current_only=False),
-        created_after=core.anchor_of(episodes).boundary,
-    )
+    boundaries, key = delivery.resources.boundaries, _conversation(event)
+    remembered, boundary = boundaries.get(key)
+    if not remembered:
+        boundary = core.anchor_of(await _recent_episodes(delivery, event)).boundary
+        boundaries.put(key, boundary)
+    since = replace(_scope(event, "turn", current_only=False), created_after=boundary)
     counted = await delivery.memories.count(event.tenant, since)
     return counted.total > size
 
