@@ -15,7 +15,8 @@ the scripted upstream in a process of its own (:mod:`engram_cli.bench_load`):
    on / off ratio however cheap the write path gets.
 3. **pipeline**: ``engram bench pipeline``'s driver at ``--pipeline-rate`` turns/s (lag:
    a turn's ``turn.persisted`` to ingest's ``memory.changed``) while every worker's
-   backlog is sampled; the phase ends when every worker has drained.
+   backlog is sampled; the phase ends when every worker has drained. Each caller's
+   retrieval calls per turn, by method (:class:`~engram_cli.bench_load.RpcCalls`).
 4. **profile** (unless ``--no-profile``): the services run with ``ENGRAM_PROFILE_DIR``
    (:mod:`engram_core.profiling`, paused once the stack is up); a shorter pipeline run is
    sampled, and each process's folded stacks and hottest functions are saved.
