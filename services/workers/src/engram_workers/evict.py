@@ -4,8 +4,8 @@ Consumes ``engram.memory.changed.v1`` (durable consumer ``evict``). Every ``crea
 turn, fact or episode in a user's conversation triggers a check: retrieval ``Count`` of
 the memories subject to eviction — turns, facts (superseded ones included: they still
 take space) and episodes. Summaries and profile entries are exempt: not counted, and
-their changes trigger no check. Above the limit,
-the excess is removed in this order, oldest first within each class:
+their changes trigger no check. Above the limit, the excess is removed in this order,
+oldest first within each class:
 
 1. raw turns;
 2. superseded facts;

@@ -12,9 +12,9 @@ Consumes ``engram.memory.changed.v1`` (durable consumer ``summarize``):
 
 Changes this worker caused itself (kinds ``summary`` and ``episode``) are ignored, except
 that an episode deleted or evicted makes it forget the boundary it remembered for that
-conversation (:class:`EpisodeBoundaries`). Each
-job holds a lock on the user's conversation, so two replicas never fold into the same
-summary at once (no lost update) nor build the same window twice. A model that is not
+conversation (:class:`EpisodeBoundaries`). Each job holds a lock on the user's
+conversation, so two replicas never fold into the same summary at once (no lost update)
+nor build the same window twice. A model that is not
 configured, answers junk, or stays unavailable until the last delivery gets the
 documented rule-based fallback (:mod:`engram_workers.summarize.core`); a refused
 request is a dead letter, replayed once the settings are fixed. Nothing is lost.
