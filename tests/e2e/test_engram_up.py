@@ -81,6 +81,11 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
     try:
         up.wait_for_line("engram: up.")
         assert any(base_url in line for line in up.lines)  # it says where to point clients
+        # Every worker and retrieval run on uvloop (ENGRAM_EVENT_LOOP=auto, installed).
+        started = [line for line in up.lines if "worker.started" in line]
+        listening = [line for line in up.lines if "retrieval.listening" in line]
+        assert len(started) == 6 and len(listening) == 1, "\n".join(up.lines)
+        assert all("uvloop" in line for line in started + listening), "\n".join(started)
         client = openai.OpenAI(base_url=base_url, api_key="sk-test")
         reply = client.chat.completions.create(
             model="scripted-model",

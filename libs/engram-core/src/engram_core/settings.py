@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engram_core.event_loop import EventLoopChoice, uvloop_installed
 from engram_core.retry import RetrySettings
 
 DEFAULT_DATA_DIR = Path(".engram")
@@ -92,6 +93,11 @@ class EngramSettings(BaseSettings, RetrySettings):
     metrics_host: str = Field(
         default="127.0.0.1", description="Bind address of ENGRAM_METRICS_PORT (0.0.0.0 in a pod)."
     )
+    event_loop: EventLoopChoice = Field(
+        default="auto",
+        description="The asyncio event loop: uvloop, asyncio (the standard one, for "
+        "debugging), or auto (uvloop when installed).",
+    )
     profile_dir: Path | None = Field(
         default=None,
         description="Sample where this process spends its CPU and write the profile here "
@@ -99,10 +105,17 @@ class EngramSettings(BaseSettings, RetrySettings):
         "Costs about 1-2 % of a core; for benchmarks and investigations.",
     )
 
-    @field_validator("log_level", "log_format", mode="before")
+    @field_validator("log_level", "log_format", "event_loop", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("event_loop", mode="after")
+    @classmethod
+    def _loop_installed(cls, value: EventLoopChoice) -> EventLoopChoice:
+        if value == "uvloop" and not uvloop_installed():
+            raise ValueError("uvloop is not installed (use auto or asyncio)")
+        return value
 
     @field_validator("nats_url")
     @classmethod

@@ -56,6 +56,7 @@ def main() -> None:
                 port=settings.gateway_port,
                 log_config=None,  # keep the structlog handlers configure_logging installed
                 lifespan="on",
+                loop=settings.event_loop,
                 timeout_graceful_shutdown=math.ceil(settings.gateway_publish_drain_s) + 5,
             )
         )

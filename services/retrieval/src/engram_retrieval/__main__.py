@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
+from engram_core import event_loop
 from engram_core.logging import get_logger
 from engram_core.settings import load_settings
 from engram_retrieval.embedder import ModelFilesError
@@ -16,7 +16,7 @@ from engram_retrieval.store import StoreError
 def main() -> None:
     settings = load_settings(RetrievalSettings)
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings), settings.event_loop)
     except (ModelFilesError, StartupError, StoreError) as exc:
         get_logger(__name__).error("retrieval.start_failed", error=str(exc))
         sys.exit(1)

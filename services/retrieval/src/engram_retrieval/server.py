@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
+from engram_core import event_loop
 from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.proto import pb_grpc
@@ -177,6 +178,7 @@ async def serve(settings: RetrievalSettings) -> None:
             store=settings.store_kind,
             scorer=running.servicer.pipeline.scorer.name,
             embedding_model=running.servicer.embedder.model_id,
+            event_loop=event_loop.running_loop_name(),
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

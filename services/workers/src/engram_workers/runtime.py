@@ -47,7 +47,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Status, StatusCode
 from pydantic import Field, ValidationError
 
-from engram_core import metrics, semconv
+from engram_core import event_loop, metrics, semconv
 from engram_core.bus import (
     ensure_consumer,
     ensure_stream,
@@ -470,7 +470,10 @@ class Worker(Generic[E, S, R]):
         self._pending_task = asyncio.create_task(self._refresh_pending_forever())
         self._heartbeat_task = asyncio.create_task(self._keep_in_progress_forever())
         log.info(
-            "worker.started", worker=self.spec.name, concurrency=self.settings.worker_concurrency
+            "worker.started",
+            worker=self.spec.name,
+            concurrency=self.settings.worker_concurrency,
+            event_loop=event_loop.running_loop_name(),
         )
 
     async def _on_shutdown(self) -> None:
@@ -692,7 +695,7 @@ def run_worker(spec: WorkerSpec[Any, S, Any], settings_cls: type[S]) -> None:
     settings = load_settings(settings_cls)
     telemetry = setup_observability(spec.service_name, settings)
     try:
-        asyncio.run(_serve_until_signalled(spec, settings))
+        event_loop.run(_serve_until_signalled(spec, settings), settings.event_loop)
     except Exception as exc:
         # Start-up failures (NATS unreachable, StreamConfigConflict, ...) end the process
         # non-zero with the reason on one log line; the supervisor decides what next.
