@@ -36,6 +36,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from engram_core import front_matter
 from engram_core.memory import MemoryKindName, MemoryRecord
 from engram_core.timestamps import compact_utc, storable_utc
 
@@ -351,9 +352,7 @@ def render(record: MemoryRecord, tenant: str, tombstone: Tombstone | None = None
         }
     if record.metadata:
         front["metadata"] = dict(sorted(record.metadata.items()))
-    header = yaml.safe_dump(
-        front, sort_keys=False, allow_unicode=True, default_flow_style=False, width=4096
-    )
+    header = front_matter.dump(front)
     return f"---\n{header}---\n\n{record.text}\n"
 
 

@@ -1,0 +1,122 @@
+"""A memory file's front matter is exactly what yaml.safe_dump writes, whichever way it
+is rendered: a file is never rewritten because the renderer changed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engram_core import front_matter
+from engram_core.memory import MemoryRecord, ProposedProfileFact
+from engram_core.mirror_format import Tombstone, parse, render
+
+# Characters that change how YAML writes a string (indicators, quotes, comments,
+# separators, escapes, line breaks, non-ASCII), among plain ones.
+TRICKY = "aZ09_-.:/@+ #'\"!&*|>%`,?[]{}~=\\\t\n\r\x85\u2028\ufeffé中\x00"
+words = st.sampled_from(
+    [
+        "yes",
+        "No",
+        "on",
+        "null",
+        "~",
+        "true",
+        "1",
+        "-1",
+        "0x1f",
+        "0o17",
+        "1_000",
+        "1:20",
+        "1.5",
+        ".inf",
+        "1e3",
+        "2026-11-24",
+        "2026-11-24T10:00:00Z",
+        "---",
+        "...",
+        "-",
+        "a b",
+    ]
+)
+strings = st.one_of(words, st.text(alphabet=TRICKY, max_size=12), st.text(max_size=8))
+scalars = st.one_of(
+    strings,
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(alphabet="ab ", min_size=990, max_size=1100),  # around the length limit
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(strings, inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+fronts = st.dictionaries(
+    st.one_of(strings, st.text(alphabet="k", min_size=99, max_size=130)), values, max_size=6
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(fronts)
+def test_any_header_renders_as_pyyaml_does(front: dict[str, Any]) -> None:
+    assert front_matter.dump(front) == front_matter.dump_with_pyyaml(front)
+
+
+def _record(**changes: Any) -> MemoryRecord:
+    fields: dict[str, Any] = {
+        "id": "3f2c1a7e-1b2c-4d5e-8f90-123456789abc",
+        "kind": "fact",
+        "text": "Alice hates pizza.",
+        "user_id": "alice",
+        "conversation_id": "conv-1",
+        "created_at": datetime(2026, 11, 24, 10, 0, 0, 123456, tzinfo=UTC),
+        "source_turn_ids": ["d1a0e7c2-0000-4000-8000-000000000001"],
+        "tags": ["food"],
+        "superseded_by": "",
+        "metadata": {"source": "chat", "lang": "en"},
+    }
+    return MemoryRecord(**(fields | changes))
+
+
+EVERYDAY = [
+    _record(),
+    _record(kind="turn", role="user", turn_index=7, source_turn_ids=[], tags=[]),
+    _record(
+        kind="profile",
+        profile=ProposedProfileFact(
+            category="preference", key="food", value="no pizza", confidence=0.9
+        ),
+    ),
+    _record(kind="episode", turn_range=(5, 8), valid_to=datetime(2026, 12, 1, tzinfo=UTC)),
+]
+
+
+@pytest.mark.parametrize("record", EVERYDAY, ids=lambda r: r.kind)
+def test_everyday_memories_render_without_pyyaml(
+    record: MemoryRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = render(record, "default")
+    tombstoned = render(record, "default", Tombstone(reason="evicted", at=record.created_at))
+
+    def refuse(front: Any) -> str:
+        raise AssertionError(f"fell back to PyYAML for {front}")
+
+    monkeypatch.setattr(front_matter, "dump_with_pyyaml", refuse)
+    assert render(record, "default") == expected
+    assert render(record, "default", Tombstone(reason="evicted", at=record.created_at)) == (
+        tombstoned
+    )
+    assert parse(expected).record == record
+
+
+def test_an_unusual_id_falls_back_and_reads_back() -> None:
+    record = _record(conversation_id="trip: 'Rome' #2", metadata={"note": "a\nb"})
+    text = render(record, "default")
+    assert parse(text).record == record
