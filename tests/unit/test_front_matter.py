@@ -49,7 +49,10 @@ scalars = st.one_of(
     st.booleans(),
     st.integers(),
     st.floats(allow_nan=True, allow_infinity=True),
-    st.text(alphabet="ab ", min_size=990, max_size=1100),  # around the length limit
+    # long id lists (a summary's folded_fact_ids) around the line width PyYAML wraps at
+    st.tuples(st.integers(1, 40), st.integers(3900, 4200)).map(
+        lambda t: " ".join(["a" * t[0]] * (t[1] // (t[0] + 1)))
+    ),
 )
 values = st.recursive(
     scalars,
@@ -69,9 +72,24 @@ def test_any_header_renders_as_pyyaml_does(front: dict[str, Any]) -> None:
     assert front_matter.dump(front) == front_matter.dump_with_pyyaml(front)
 
 
+@pytest.mark.parametrize("length", range(3980, 4120, 7))
+@pytest.mark.parametrize("word", [1, 36])
+def test_long_lines_wrap_where_pyyaml_wraps_them(length: int, word: int) -> None:
+    value = " ".join(["a" * word] * (length // (word + 1)))
+    for front in (
+        {"folded_fact_ids": value},
+        {"metadata": {"folded_fact_ids": value}},
+        {"tags": [value, "b"]},
+    ):
+        assert front_matter.dump(front) == front_matter.dump_with_pyyaml(front)
+
+
+_FACT_ID = "3f2c1a7e-1b2c-4d5e-8f90-123456789abc"
+
+
 def _record(**changes: Any) -> MemoryRecord:
     fields: dict[str, Any] = {
-        "id": "3f2c1a7e-1b2c-4d5e-8f90-123456789abc",
+        "id": _FACT_ID,
         "kind": "fact",
         "text": "Alice hates pizza.",
         "user_id": "alice",
@@ -95,6 +113,10 @@ EVERYDAY = [
         ),
     ),
     _record(kind="episode", turn_range=(5, 8), valid_to=datetime(2026, 12, 1, tzinfo=UTC)),
+    _record(  # a summary keeps the ids of the last 100 facts it folded
+        kind="summary",
+        metadata={"revision": "12", "folded_fact_ids": " ".join([_FACT_ID] * 100)},
+    ),
 ]
 
 

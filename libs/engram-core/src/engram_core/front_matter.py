@@ -27,8 +27,9 @@ _RESOLVER = yaml.resolver.Resolver()
 #: single spaces only before a letter, digit or ``_``. Nothing that starts an indicator,
 #: a comment, a document marker or an escape.
 _SIMPLE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.@/+-]|:(?=[A-Za-z0-9_.@/+-])| (?=[A-Za-z0-9_]))*")
-#: Far below the dump's line width (4096), so nothing wraps; keys stay simple keys (< 128).
-_MAX_VALUE = 1000
+#: Lines stay below the dump's width (4096), where PyYAML would wrap at a space; keys
+#: stay simple keys (PyYAML writes a key of 128 characters or more as "? key").
+_MAX_LINE = 4000
 _MAX_KEY = 100
 
 
@@ -58,7 +59,7 @@ def _string(value: str, *, key: bool = False) -> str:
         if key:  # PyYAML writes an empty key as a complex key ("? ''")
             raise _NotSimple
         return "''"
-    if len(value) > (_MAX_KEY if key else _MAX_VALUE) or not _SIMPLE.fullmatch(value):
+    if (key and len(value) > _MAX_KEY) or not _SIMPLE.fullmatch(value):
         raise _NotSimple
     # the stubs leave Resolver.resolve untyped; it returns the tag a plain scalar reads as
     tag = _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
@@ -105,7 +106,12 @@ def _mapping(front: Mapping[Any, Any], indent: int, lines: list[str]) -> None:
             else:
                 lines.append(head)
                 # a sequence in a mapping is not indented ("indentless")
-                for item in value:
-                    lines.append(f"{pad}- {_scalar(item)}")
+                lines.extend(_line(f"{pad}- {_scalar(item)}") for item in value)
         else:
-            lines.append(f"{head} {_scalar(value)}")
+            lines.append(_line(f"{head} {_scalar(value)}"))
+
+
+def _line(text: str) -> str:
+    if len(text) > _MAX_LINE:
+        raise _NotSimple
+    return text
