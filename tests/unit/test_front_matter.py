@@ -1,9 +1,10 @@
 """A memory file's front matter is exactly what yaml.safe_dump writes, whichever way it
-is rendered: a file is never rewritten because the renderer changed."""
+is rendered: a file is never rewritten because the renderer changed. (That everyday
+memories take the direct path is tested with the rest of the format, in
+services/workers/tests/test_mirror_format.py.)"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -11,8 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engram_core import front_matter
-from engram_core.memory import MemoryRecord, ProposedProfileFact
-from engram_core.mirror_format import Tombstone, parse, render
 
 # Characters that change how YAML writes a string (indicators, quotes, comments,
 # separators, escapes, line breaks, non-ASCII), among plain ones.
@@ -82,63 +81,3 @@ def test_long_lines_wrap_where_pyyaml_wraps_them(length: int, word: int) -> None
         {"tags": [value, "b"]},
     ):
         assert front_matter.dump(front) == front_matter.dump_with_pyyaml(front)
-
-
-_FACT_ID = "3f2c1a7e-1b2c-4d5e-8f90-123456789abc"
-
-
-def _record(**changes: Any) -> MemoryRecord:
-    fields: dict[str, Any] = {
-        "id": _FACT_ID,
-        "kind": "fact",
-        "text": "Alice hates pizza.",
-        "user_id": "alice",
-        "conversation_id": "conv-1",
-        "created_at": datetime(2026, 11, 24, 10, 0, 0, 123456, tzinfo=UTC),
-        "source_turn_ids": ["d1a0e7c2-0000-4000-8000-000000000001"],
-        "tags": ["food"],
-        "superseded_by": "",
-        "metadata": {"source": "chat", "lang": "en"},
-    }
-    return MemoryRecord(**(fields | changes))
-
-
-EVERYDAY = [
-    _record(),
-    _record(kind="turn", role="user", turn_index=7, source_turn_ids=[], tags=[]),
-    _record(
-        kind="profile",
-        profile=ProposedProfileFact(
-            category="preference", key="food", value="no pizza", confidence=0.9
-        ),
-    ),
-    _record(kind="episode", turn_range=(5, 8), valid_to=datetime(2026, 12, 1, tzinfo=UTC)),
-    _record(  # a summary keeps the ids of the last 100 facts it folded
-        kind="summary",
-        metadata={"revision": "12", "folded_fact_ids": " ".join([_FACT_ID] * 100)},
-    ),
-]
-
-
-@pytest.mark.parametrize("record", EVERYDAY, ids=lambda r: r.kind)
-def test_everyday_memories_render_without_pyyaml(
-    record: MemoryRecord, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    expected = render(record, "default")
-    tombstoned = render(record, "default", Tombstone(reason="evicted", at=record.created_at))
-
-    def refuse(front: Any) -> str:
-        raise AssertionError(f"fell back to PyYAML for {front}")
-
-    monkeypatch.setattr(front_matter, "dump_with_pyyaml", refuse)
-    assert render(record, "default") == expected
-    assert render(record, "default", Tombstone(reason="evicted", at=record.created_at)) == (
-        tombstoned
-    )
-    assert parse(expected).record == record
-
-
-def test_an_unusual_id_falls_back_and_reads_back() -> None:
-    record = _record(conversation_id="trip: 'Rome' #2", metadata={"note": "a\nb"})
-    text = render(record, "default")
-    assert parse(text).record == record

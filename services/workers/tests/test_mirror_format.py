@@ -7,6 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from engram_core import front_matter
 from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.mirror_format import (
     MirrorFormatError,
@@ -366,3 +367,44 @@ def test_a_file_naming_another_scope_than_its_folder_is_misplaced(
     problem = misplacement(parsed, info)
     assert problem is not None and reason in problem, problem
     assert "allergic" not in problem  # never the file's text
+
+
+EVERYDAY = [
+    record(source_turn_ids=[ID], tags=["food"], metadata={"source": "chat", "lang": "en"}),
+    record(kind="turn", role="user", turn_index=7),
+    record(
+        kind="profile",
+        profile=ProposedProfileFact(
+            category="preference", key="food", value="no pizza", confidence=0.9
+        ),
+    ),
+    record(kind="episode", turn_range=(5, 8), valid_to=datetime(2026, 12, 1, tzinfo=UTC)),
+    record(  # a summary keeps the ids of the last 100 facts it folded
+        kind="summary", metadata={"revision": "12", "folded_fact_ids": " ".join([ID] * 100)}
+    ),
+]
+
+
+@pytest.mark.parametrize("memory", EVERYDAY, ids=lambda m: m.kind)
+def test_everyday_memories_render_as_pyyaml_would_without_calling_it(
+    memory: MemoryRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tombstone = Tombstone(reason="evicted", at=CREATED)
+    direct = front_matter.dump
+    monkeypatch.setattr(front_matter, "dump", front_matter.dump_with_pyyaml)
+    by_pyyaml = [render(memory, "default"), render(memory, "default", tombstone)]
+
+    def refuse(front: object) -> str:
+        raise AssertionError(f"fell back to PyYAML for {front}")
+
+    monkeypatch.setattr(front_matter, "dump", direct)
+    monkeypatch.setattr(front_matter, "dump_with_pyyaml", refuse)
+    assert [render(memory, "default"), render(memory, "default", tombstone)] == by_pyyaml
+    assert parse(by_pyyaml[0]).record == memory
+
+
+def test_an_unusual_header_falls_back_to_pyyaml_and_reads_back() -> None:
+    memory = record(conversation_id="trip: 'Rome' #2", metadata={"note": "a\nb"})
+    text = render(memory, "default")
+    assert "conversation_id: 'trip: ''Rome'' #2'" in text
+    assert parse(text).record == memory
