@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
-from engram_retrieval.embedder import MODEL_ID, Embedder, default_model_files, is_content_token
+from engram_retrieval.embedder import (
+    DYNAMIC_INT8_MODEL_ID,
+    MODEL_ID,
+    Embedder,
+    default_model_files,
+    is_content_token,
+    quantize_dynamic_int8,
+)
+
+TEXTS = [
+    "The cat sits on the mat.",
+    "Caroline: I went to the LGBTQ support group yesterday and it was so powerful.",
+    "User loves climbing at Sintra on weekends",
+    "what do you know about my friends?",
+    "a much longer sentence, with punctuation and several words, that is padded less",
+]
+
+
+@pytest.fixture(scope="module")
+def packaged_embedder() -> Embedder:
+    """The packaged graph as it is (``ENGRAM_EMBED_QUANTIZATION=none``)."""
+    return Embedder.default(threads=1, quantization="none")
 
 
 def test_model_files_come_from_packages() -> None:
@@ -19,7 +41,33 @@ def test_vectors_are_unit_norm_384d(embedder: Embedder) -> None:
     vectors = embedder.embed(["hello world", "a somewhat longer sentence about the weather"])
     assert vectors.shape == (2, 384) and vectors.dtype == np.float32
     assert np.linalg.norm(vectors, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
-    assert embedder.dim == 384 and embedder.model_id == MODEL_ID
+    assert embedder.dim == 384 and embedder.model_id == DYNAMIC_INT8_MODEL_ID
+
+
+def test_the_default_embedder_runs_integer_matrix_products() -> None:
+    quantized = quantize_dynamic_int8(default_model_files().model)
+    ops = {node.op_type for node in onnx.load_from_string(quantized).graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
+    # the same packaged model always gives the same quantized model (and so vectors)
+    assert quantize_dynamic_int8(default_model_files().model) == quantized
+
+
+def test_quantized_vectors_stay_close_to_the_packaged_graphs(
+    embedder: Embedder, packaged_embedder: Embedder
+) -> None:
+    assert packaged_embedder.model_id == MODEL_ID  # a store notices the change (reembed)
+    quantized, packaged = embedder.embed(TEXTS), packaged_embedder.embed(TEXTS)
+    assert np.sum(quantized * packaged, axis=1) == pytest.approx([1.0] * len(TEXTS), abs=0.02)
+    # and they rank alike: each text's nearest other text is the same in both
+    nearest = [np.argsort(-(v @ v.T), axis=1)[:, 1] for v in (quantized, packaged)]
+    np.testing.assert_array_equal(*nearest)
+
+
+def test_a_text_gets_the_same_vector_alone_or_in_any_batch(embedder: Embedder) -> None:
+    # activations are quantized per run: only one text per run keeps this exact
+    alone = np.stack([embedder.embed_one(text) for text in TEXTS])
+    np.testing.assert_array_equal(embedder.embed(TEXTS), alone)
+    np.testing.assert_array_equal(embedder.embed(TEXTS[::-1])[::-1], alone)
 
 
 def test_paraphrase_is_closer_than_unrelated(embedder: Embedder) -> None:
@@ -33,7 +81,8 @@ def test_paraphrase_is_closer_than_unrelated(embedder: Embedder) -> None:
     assert float(anchor @ paraphrase) > float(anchor @ unrelated) + 0.3
 
 
-def test_batch_equals_single(embedder: Embedder) -> None:
+def test_batch_equals_single(packaged_embedder: Embedder) -> None:
+    embedder = packaged_embedder
     texts = ["short", "a much longer sentence that forces the others to be padded", "medium one"]
     batch = embedder.embed(texts)
     single = np.stack([embedder.embed_one(t) for t in texts])
@@ -69,3 +118,13 @@ def test_encode_gives_the_same_sentence_vectors_as_embed(embedder: Embedder) -> 
     np.testing.assert_allclose(np.stack([e.dense for e in encoded]), embedder.embed(texts))
     # in input order although batches are sorted by length
     assert [len(e.tokens) for e in encoded] == [3, 11]  # 12 pieces, minus the comma
+
+
+def test_the_service_loads_the_embedder_its_settings_name() -> None:
+    from engram_retrieval.server import load_embedder
+    from engram_retrieval.settings import RetrievalSettings
+
+    packaged = load_embedder(RetrievalSettings(embed_quantization="none"))
+    assert (packaged.model_id, packaged.batch_size) == (MODEL_ID, 32)
+    quantized = load_embedder(RetrievalSettings())
+    assert (quantized.model_id, quantized.batch_size) == (DYNAMIC_INT8_MODEL_ID, 1)

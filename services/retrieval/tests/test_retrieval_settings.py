@@ -29,6 +29,13 @@ def test_defaults() -> None:
     assert (s.search_lexical_weight, s.search_late_weight) == (0.5, 0.85)
     assert s.edge_store_path == Path(".engram") / "qdrant" / "engram_memories"
     assert s.search_candidates == "hybrid" and s.search_lexical_weight == 0.5
+    assert (s.embed_quantization, s.embed_threads) == ("dynamic-int8", 0)
+
+
+@pytest.mark.parametrize("value", ["dynamic-int8", "none", " None "])
+def test_embed_quantization(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("ENGRAM_EMBED_QUANTIZATION", value)
+    assert load_settings(RetrievalSettings).embed_quantization == value.strip().lower()
 
 
 @pytest.mark.parametrize("value", ["hybrid", "dense", "lexical", " Dense "])
@@ -73,6 +80,7 @@ def test_blank_optional_values_mean_unset(monkeypatch: pytest.MonkeyPatch) -> No
         ("ENGRAM_QDRANT_URL", "qdrant:6333", "http(s)://"),
         ("ENGRAM_EMBED_MAX_LENGTH", "4096", "less than or equal to 512"),
         ("ENGRAM_SEARCH_CANDIDATES", "sparse", "'hybrid', 'dense' or 'lexical'"),
+        ("ENGRAM_EMBED_QUANTIZATION", "int4", "'dynamic-int8' or 'none'"),
     ],
 )
 def test_bad_values_fail_fast_naming_the_variable(

@@ -126,7 +126,7 @@ async def test_upsert_then_search_with_score_breakdown(client: RetrievalClient) 
     assert top.memory.id == reply.results[0].id
     assert top.memory.source_id == "dia:7"
     assert top.memory.created_at.ToDatetime(tzinfo=UTC) == created
-    assert top.memory.embedding_model == "all-MiniLM-L6-v2-onnx-int8"
+    assert top.memory.embedding_model == "all-MiniLM-L6-v2-onnx-int8+dynamic-int8"
     assert top.scope == pb.SCOPE_CONVERSATION
     s = top.scores
     assert 0.4 < s.dense < 1 and s.relevance > 0.35

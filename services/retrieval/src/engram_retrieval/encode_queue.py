@@ -1,13 +1,15 @@
 """One model run for many requests: the texts of concurrent Searches and Upserts are
 embedded together, and recently embedded texts are not embedded again.
 
-The model costs less per text in a batch than one text at a time (MiniLM int8 on two
-cores: about 5 ms for one short text alone, 3.3 ms each in a batch of eight), and a
-busy service has many requests waiting at once. So a loop runs the model: when it is
-idle, a request starts a run at once (no added latency); while a run is going,
-requests queue, and the next run takes everything queued. Searches have a loop of
-their own beside the writes' (two runs at most at once): a person waits for a search,
-nobody waits for an index write, so a search never queues behind a batch of writes.
+A busy service has many requests waiting at once, and each trip to the model's thread
+costs a loop wake-up; the packaged graph (``ENGRAM_EMBED_QUANTIZATION=none``) also
+costs less per text in a batch (about 4 ms for one short text alone, 1.8 ms each in a
+batch of sixteen; the quantized default runs each text alone, docs/retrieval.md). So a
+loop runs the model: when it is idle, a request starts a run at once (no added
+latency); while a run is going, requests queue, and the next run takes everything
+queued. Searches have a loop of their own beside the writes' (two runs at most at
+once): a person waits for a search, nobody waits for an index write, so a search never
+queues behind a batch of writes.
 
 Texts seen recently (reconcile searches for a fact's text and then stores the same
 text; a retried Upsert) are answered from a small LRU cache of their vectors.

@@ -45,6 +45,7 @@ def load_embedder(settings: RetrievalSettings) -> Embedder:
         max_length=settings.embed_max_length,
         batch_size=settings.embed_batch_size,
         threads=settings.embed_threads,
+        quantization=settings.embed_quantization,
     )
 
 
