@@ -227,11 +227,14 @@ async def test_a_tool_call_over_http_is_one_trace(two_tenant_stack: TwoTenantSta
                 for s in trace
             )
             reconciled = any(s["service"] == "engram-reconcile" for s in trace)
-            if ingested and reconciled:
+            # a span is exported when it ends, after its children: wait for the parents
+            ids = {s["span_id"] for s in trace}
+            complete = all(s["parent_span_id"] in (None, *ids) for s in trace)
+            if ingested and reconciled and complete:
                 return trace
         return None
 
-    trace = await wait_for(trace_of_the_add, 30, what="the add_memory call traced")
+    trace = await wait_for(trace_of_the_add, 30, what="the add_memory call traced, whole")
     by_id = {s["span_id"]: s for s in trace}
     roots = [s for s in trace if s["parent_span_id"] is None]
     assert len(roots) == 1, [(s["service"], s["name"]) for s in roots]
