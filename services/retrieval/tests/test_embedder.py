@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +13,7 @@ from engram_retrieval.embedder import (
     DYNAMIC_INT8_MODEL_ID,
     MODEL_ID,
     Embedder,
+    ModelFilesError,
     default_model_files,
     is_content_token,
     quantize_dynamic_int8,
@@ -128,3 +132,16 @@ def test_the_service_loads_the_embedder_its_settings_name() -> None:
     assert (packaged.model_id, packaged.batch_size) == (MODEL_ID, 32)
     quantized = load_embedder(RetrievalSettings())
     assert (quantized.model_id, quantized.batch_size) == (DYNAMIC_INT8_MODEL_ID, 1)
+
+
+def test_quantizing_fails_start_up_with_one_line_and_the_way_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    with pytest.raises(ModelFilesError, match=r"garbage\.onnx"):
+        quantize_dynamic_int8(garbage)
+    # a run-only install without onnx (the quantizer's dependency)
+    monkeypatch.setitem(sys.modules, "onnxruntime.quantization", None)
+    with pytest.raises(ModelFilesError, match="ENGRAM_EMBED_QUANTIZATION=none"):
+        quantize_dynamic_int8(default_model_files().model)

@@ -121,7 +121,13 @@ def quantize_dynamic_int8(model: Path) -> bytes:
     so that weights the packaged graph dequantizes become plain initializers the
     quantizer can take. Deterministic: the same model gives the same bytes.
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:  # the onnx package is missing
+        raise ModelFilesError(
+            f"cannot quantize the embedder: {exc} "
+            "(install onnx, or set ENGRAM_EMBED_QUANTIZATION=none)"
+        ) from exc
 
     with tempfile.TemporaryDirectory(prefix="engram-embedder-") as tmp:
         folded = Path(tmp) / "folded.onnx"
@@ -144,6 +150,11 @@ def quantize_dynamic_int8(model: Path) -> bytes:
                 per_channel=True,
                 weight_type=QuantType.QInt8,
             )
+        except Exception as exc:  # the quantizer's own errors are untyped too
+            raise ModelFilesError(
+                f"cannot quantize {model}: {type(exc).__name__}: {exc} "
+                "(set ENGRAM_EMBED_QUANTIZATION=none to run it as packaged)"
+            ) from exc
         finally:
             root.removeFilter(advice)
         return quantized.read_bytes()
@@ -196,7 +207,6 @@ class Embedder:
         quantization: EmbedQuantization = "none",
     ) -> None:
         self.max_length = max_length
-        self.quantization = quantization
         self._tokenizer = load_tokenizer(files.tokenizer, max_length=max_length)
         if quantization == "dynamic-int8":
             self.model_id = f"{files.model_id}+dynamic-int8"
