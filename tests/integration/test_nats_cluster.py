@@ -183,9 +183,16 @@ async def assert_everything_learned_once(engram: Engram) -> None:
 
     async def all_learned() -> bool:
         done = await asyncio.gather(*(engram.learned(n) for n in engram.accepted))
-        return all(done)
+        # the assistant's turns too: each is its own message, indexed on its own time
+        replies = await asyncio.gather(
+            *(engram.texts(f"c{n}", pb.MEMORY_KIND_TURN) for n in engram.accepted)
+        )
+        indexed = sum(min(turns[("assistant", "Noted.")], 1) for turns in replies)
+        return all(done) and indexed >= engram.replies_recorded
 
-    await eventually(all_learned, 60, interval_s=0.5, what="every turn indexed, every fact")
+    await eventually(
+        all_learned, 60, interval_s=0.5, what="every turn indexed (replies too), every fact"
+    )
     replies = 0
     for n in engram.accepted:
         turns = await engram.texts(f"c{n}", pb.MEMORY_KIND_TURN)
