@@ -6,10 +6,11 @@ import errno
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import grpc
 import pytest
+import structlog
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -18,8 +19,9 @@ from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import sigmoid
-from engram_retrieval.server import RunningServer, build_server
+from engram_retrieval.server import RunningServer, build_server, warn_of_other_models
 from engram_retrieval.settings import RetrievalSettings
+from engram_retrieval.store import MemoryStore, StoreError
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import TinyReranker
@@ -545,6 +547,54 @@ async def test_data_persists_across_restart(
     finally:
         await client.close()
         await restarted.stop(grace_s=0)
+
+
+async def test_a_restart_on_another_model_warns_until_the_memories_are_reembedded(
+    settings: RetrievalSettings, embedder: Embedder
+) -> None:
+    packaged = Embedder.default(threads=1, quantization="none")
+    assert packaged.model_id != embedder.model_id
+    first = await build_server(settings, embedder=packaged)
+    client = RetrievalClient(first.address)
+    try:
+        ids = await store_facts(client)
+    finally:
+        await client.close()
+        await first.stop(grace_s=0)
+
+    with structlog.testing.capture_logs() as logs:
+        restarted = await build_server(settings, embedder=embedder)
+    client = RetrievalClient(restarted.address)
+    try:
+        assert restarted.other_model_memories == len(FACTS)
+        (warning,) = [e for e in logs if e["event"] == "store.other_embedding_models"]
+        assert warning["log_level"] == "warning" and warning["memories"] == len(FACTS)
+        assert "engram reembed" in warning["detail"]
+        # what `engram reembed` does: read each memory and write it back unchanged
+        stored = await client.get(pb.GetRequest(tenant="acme", ids=ids))
+        reply = await client.upsert(pb.UpsertRequest(tenant="acme", memories=stored.memories))
+        assert {r.status for r in reply.results} == {pb.UPSERT_STATUS_UPDATED}
+    finally:
+        await client.close()
+        await restarted.stop(grace_s=0)
+
+    with structlog.testing.capture_logs() as logs:
+        again = await build_server(settings, embedder=embedder)
+        await again.stop(grace_s=0)
+    assert again.other_model_memories == 0
+    assert not [e for e in logs if e["event"] == "store.other_embedding_models"]
+
+
+async def test_a_failing_model_check_is_logged_and_start_up_goes_on() -> None:
+    class Unreadable:
+        async def count_embedded_by_others(self, model_id: str) -> int:
+            raise StoreError("shard is locked")
+
+    with structlog.testing.capture_logs() as logs:
+        assert await warn_of_other_models(cast(MemoryStore, Unreadable()), "m") == 0
+    (failed,) = logs
+    assert failed["event"] == "store.model_check_failed"
+    assert failed["error"] == "StoreError: shard is locked"
 
 
 async def test_cross_encoder_from_settings_without_lexical(

@@ -279,6 +279,26 @@ async def test_facet_counts_distinct_values_of_the_tenant(store: MemoryStore) ->
     assert await store.facet(PointFilter(tenant="c"), "user_id", 10) == []
 
 
+async def test_memories_of_other_embedding_models_are_counted_across_tenants(
+    store: MemoryStore,
+) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, embedding_model="new"),
+            point(2, embedding_model="old"),
+            point(3, embedding_model="old", superseded_by=pid(2)),
+            point(4),  # written before the field existed
+        ],
+    )
+    await store.upsert("b", [point(5, tenant="b", embedding_model="old")])
+    assert await store.count_embedded_by_others("new") == 4
+    assert await store.count_embedded_by_others("old") == 2
+    await store.upsert("a", [point(n, embedding_model="new") for n in (2, 3, 4)])
+    await store.upsert("b", [point(5, tenant="b", embedding_model="new")])
+    assert await store.count_embedded_by_others("new") == 0
+
+
 async def test_edge_store_persists_across_reopen(tmp_path: Path) -> None:
     first = await EdgeStore.open(tmp_path / "shard", DIM)
     await first.upsert("a", [point(1)])

@@ -90,12 +90,35 @@ class RunningServer:
     health: health.aio.HealthServicer
     servicer: MemoryServicer
     grace_s: float
+    #: Memories the start-up check found embedded by another model than the running one.
+    other_model_memories: int
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Report NOT_SERVING, drain in-flight calls for ``grace_s``, close the store."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.grace_s if grace_s is None else grace_s)
         await self.store.close()
+
+
+async def warn_of_other_models(store: MemoryStore, model_id: str) -> int:
+    """Log a warning when memories in the store were embedded by another model than the
+    one running (a model or quantization change, docs/retrieval.md): their vectors stay
+    searchable but are not what a search compares against, so recall drifts until
+    ``engram reembed`` rewrites them. Returns how many there are."""
+    try:
+        others = await store.count_embedded_by_others(model_id)
+    except Exception as exc:  # a check, not a dependency: serving goes on
+        log.warning("store.model_check_failed", error=f"{type(exc).__name__}: {exc}")
+        return 0
+    if others:
+        log.warning(
+            "store.other_embedding_models",
+            memories=others,
+            embedding_model=model_id,
+            detail="these memories were embedded by another model; run `engram reembed` "
+            "to re-embed them (docs/retrieval.md, Models)",
+        )
+    return others
 
 
 async def build_server(
@@ -118,6 +141,9 @@ async def build_server(
         scorer = await asyncio.to_thread(load_scorer, settings)
     store = await open_store(settings, embedder.dim)
     try:
+        # Before the server starts: the scan holds the store (0.2 s at 100k memories),
+        # so no request waits on it.
+        other_models = await warn_of_other_models(store, embedder.model_id)
         health_servicer = health.aio.HealthServicer()
         for name in (SERVICE_NAME, health.OVERALL_HEALTH):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -164,6 +190,7 @@ async def build_server(
         health=health_servicer,
         servicer=servicer,
         grace_s=settings.shutdown_grace_s,
+        other_model_memories=other_models,
     )
 
 

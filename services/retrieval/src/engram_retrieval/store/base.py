@@ -191,6 +191,12 @@ class MemoryStore(Protocol):
         matches, with how many points hold each: most first, at most ``limit``."""
         ...
 
+    async def count_embedded_by_others(self, model_id: str) -> int:
+        """Points of every tenant whose ``embedding_model`` is not ``model_id`` (written
+        by another model, or before the field existed): what ``engram reembed`` would
+        rewrite. A full scan (the field is not indexed), for a check at start-up."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -362,6 +362,11 @@ class EdgeStore:
         found = self._read("facet", request)
         return [(str(hit.value), int(hit.count)) for hit in found.hits]
 
+    async def count_embedded_by_others(self, model_id: str) -> int:
+        current = FieldCondition("embedding_model", match=MatchValue(model_id))
+        request = CountRequest(exact=True, filter=Filter(must_not=[current]))
+        return int(self._read("count", request))
+
     async def close(self) -> None:
         if self._closed:
             return

@@ -253,6 +253,13 @@ class QdrantStore:
         )
         return [(str(hit.value), int(hit.count)) for hit in found.hits]
 
+    async def count_embedded_by_others(self, model_id: str) -> int:
+        current = m.FieldCondition(key="embedding_model", match=m.MatchValue(value=model_id))
+        result = await self._client.count(
+            self.collection, count_filter=m.Filter(must_not=[current]), exact=True
+        )
+        return int(result.count)
+
     async def close(self) -> None:
         await self._client.close()
 
