@@ -122,7 +122,13 @@ async def test_search_filters_and_batches(store: MemoryStore) -> None:
     assert {p.id for p in pools[3]} == {pid(n) for n in (1, 2, 3, 4, 5)}
     top = pools[0][0]
     assert top.score == pytest.approx(1.0, abs=1e-5)
-    assert top.vector is not None and top.vector.shape == (DIM,)
+    # a search result's vector may be converted only when read (RecordVector)
+    assert top.vector is not None
+    assert np.asarray(top.vector, dtype=np.float64) == pytest.approx([1.0, 0, 0, 0], abs=1e-6)
+    user_pool_point = pools[1][0]
+    assert np.asarray(user_pool_point.vector) == pytest.approx(
+        np.array([0.9, 0.1, 0, 0]) / np.linalg.norm([0.9, 0.1, 0, 0]), abs=1e-6
+    )
     assert top.payload["source_id"] == "s1"
     limited = await store.search(query, [every], limit=2)
     assert [p.score for p in limited[0]] == sorted((p.score for p in limited[0]), reverse=True)
@@ -134,22 +140,33 @@ async def test_hybrid_search_adds_lexical_candidates(store: MemoryStore) -> None
         "a",
         [
             point(1, vector=[1, 0, 0, 0], text="apples and pears"),
-            point(2, vector=[0, 1, 0, 0], text="a zebra crossing"),
+            point(2, vector=[0.6, 0.8, 0, 0], text="a zebra crossing"),
             point(3, vector=[0.9, 0.1, 0, 0], text="bananas"),
             point(4, tenant="b", vector=[0, 1, 0, 0], text="zebra"),
+            point(5, vector=[0.8, 0, 0.6, 0], text="zebra stripes", conversation_id="c2"),
+            point(6, vector=[1, 0, 0, 0], text="apples", conversation_id="c2"),
+            point(7, vector=[0.9, 0.1, 0, 0], text="pears", conversation_id="c2"),
         ],
     )
     query = np.array([1, 0, 0, 0], dtype=np.float32)
-    flt = PointFilter(tenant="a")
+    flt = PointFilter(tenant="a", conversation_id="c1")
     (dense_only,) = await store.search(query, [flt], limit=2)
     assert [p.id for p in dense_only] == [pid(1), pid(3)]
     assert all(p.sparse_score is None for p in dense_only)
-    (hybrid,) = await store.search(query, [flt], limit=2, sparse=LEXICAL.query("zebras?"))
+    other = PointFilter(tenant="a", conversation_id="c2")
+    hybrid, elsewhere = await store.search(
+        query, [flt, other], limit=2, sparse=LEXICAL.query("zebras?")
+    )
     assert [p.id for p in hybrid] == [pid(1), pid(3), pid(2)]
     lexical_only = hybrid[2]
-    assert lexical_only.score == pytest.approx(0.0, abs=1e-6)  # its cosine, computed
+    assert lexical_only.score == pytest.approx(0.6, abs=1e-6)  # its cosine to the query
     assert lexical_only.sparse_score is not None and lexical_only.sparse_score > 0
     assert lexical_only.vector is not None and lexical_only.payload["tenant"] == "a"
+    assert np.asarray(lexical_only.vector) == pytest.approx([0.6, 0.8, 0, 0], abs=1e-6)
+    # each filter of the batch gets its own lexical-only points, with their cosines
+    assert [p.id for p in elsewhere] == [pid(6), pid(7), pid(5)]
+    assert elsewhere[2].score == pytest.approx(0.8, abs=1e-6)
+    assert elsewhere[2].sparse_score is not None and elsewhere[0].sparse_score is None
     (both,) = await store.search(query, [flt], limit=3, sparse=LEXICAL.query("bananas"))
     assert [p.id for p in both] == [pid(1), pid(3), pid(2)]
     assert both[1].sparse_score is not None and both[0].sparse_score is None

@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from engram_core.memory import ScopeName
 
@@ -69,7 +70,7 @@ class Candidate:
     id: str
     scope: ScopeName
     dense: float  # cosine of query and memory embeddings
-    vector: np.ndarray
+    vector: npt.ArrayLike  # read (np.asarray) only for the candidates MMR compares
     created_at: datetime
     text: str = ""
     sparse: float | None = None  # BM25 score, when the lexical source found it

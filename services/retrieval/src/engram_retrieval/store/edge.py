@@ -59,9 +59,11 @@ from engram_retrieval.store.base import (
     Page,
     PageCursor,
     PointFilter,
+    RecordVector,
     StoredPoint,
     StoreError,
     foreign_ids,
+    lexical_only_ids,
     merge_batch_rows,
     newest_first_page,
     stored_point,
@@ -274,11 +276,30 @@ class EdgeStore:
             point_id = str(record.id)
             base = converted.get(point_id)
             if base is None:
-                base = converted[point_id] = stored_point(record)
+                payload = dict(record.payload or {})
+                base = converted[point_id] = StoredPoint(point_id, payload, RecordVector(record))
             return StoredPoint(point_id, base.payload, base.vector, score=float(record.score))
 
         rows = [[row_point(r) for r in found] for found in results]
-        return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse))
+        lexical_only = lexical_only_ids(rows, dense=dense, lexical=bool(sparse))
+        cosines = self._cosines(filters[0].tenant, queries[0], lexical_only)
+        return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse), cosines=cosines)
+
+    def _cosines(self, tenant: str, nearest: Query, ids: set[str]) -> dict[str, float]:
+        """The dense query's cosine to each of ``ids``, scored by the engine (one query
+        restricted to them) instead of converting their vectors to compute it here."""
+        if not ids:
+            return {}
+        request = QueryRequest(
+            limit=len(ids),
+            query=nearest,
+            filter=Filter(
+                must=[FieldCondition("tenant", match=MatchValue(tenant)), HasIdCondition(set(ids))]
+            ),
+            with_payload=False,
+            with_vector=False,
+        )
+        return {str(r.id): float(r.score) for r in self._read("query", request)}
 
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
