@@ -18,6 +18,7 @@ from engram_retrieval.store import (
     StoredPoint,
     StoreError,
 )
+from engram_retrieval.store.base import RecordVector
 from engram_retrieval.store.edge import EdgeStore
 from engram_retrieval.store.qdrant import QdrantStore
 
@@ -455,3 +456,25 @@ async def test_a_store_with_float16_token_vectors_opens_as_it_is(tmp_path: Path)
         assert scores[pid(1)] == pytest.approx(1.0, abs=1e-3)  # float16: exact
     finally:
         await store.close()
+
+
+def test_a_record_vector_is_converted_once_when_first_read() -> None:
+    class Record:
+        reads = 0
+
+        @property
+        def vector(self) -> dict[str, list[float]]:
+            Record.reads += 1
+            return {"dense": [0.6, 0.8, 0.0, 0.0]}
+
+    lazy = RecordVector(Record())
+    assert Record.reads == 0  # a candidate MMR never compares costs nothing
+    assert np.asarray(lazy).dtype == np.float32
+    assert np.asarray(lazy, dtype=np.float64) == pytest.approx([0.6, 0.8, 0, 0])
+    assert len(lazy) == DIM and Record.reads == 1
+
+    class Bare:
+        vector = None
+
+    with pytest.raises(StoreError, match="without its dense vector"):
+        np.asarray(RecordVector(Bare()))
