@@ -344,6 +344,7 @@ async def test_openai_sdk_non_stream_and_stream_and_turns_recorded(
         "user_id": "bob",
         "conversation_id": "sdk-conv",
         "model": "test-model",
+        "followed": False,  # nobody follows a chat's turns: no status lookups for them
     }
     user1 = check_turn(events[0], "user", "What is my cat called?", **scope)
     assistant1 = check_turn(events[1], "assistant", "Miso is your cat.", **scope)

@@ -421,6 +421,7 @@ async def test_add_publishes_user_turns_and_reports_their_status(
         ("user", "My sister is Eva.", "tenant-a", "alice"),
     ]
     assert [t["event_id"] for t in turns] == ids
+    assert [t["followed"] for t in turns] == [True, True]  # the workers report on them
     assert turns[0]["created_at"].startswith("2025-02-01T09:00:00")
     assert turns[0]["model"] == "small"
     again = await http.post(

@@ -320,3 +320,27 @@ async def test_a_status_store_that_fails_never_holds_back_the_facts(
     assert proposal.facts == ["User loves pizza"]
     assert len(calls) >= 2 and set(calls) == {event.event_id}  # retried, then given up
     assert await dead_letter_count(stack.nats_url, "ingest") == 0
+
+
+@pytest.mark.parametrize("followed", [False, True, None])
+async def test_only_a_turn_that_may_be_followed_is_looked_up_in_the_status_store(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, followed: bool | None
+) -> None:
+    """A chat turn says it is not followed: ingest never reads the status store for it,
+    and its proposal says so too, for reconcile. A followed one (memories/add), or one
+    from before the flag (None), is looked up, and its proposal carries the flag on."""
+    calls: list[tuple[str, str]] = []
+
+    async def spy(self: EventStatusStore, tenant: str, event_id: str, **kw: Any) -> None:
+        calls.append((event_id, kw.get("follow_up", "")))
+
+    monkeypatch.setattr(EventStatusStore, "update_if_followed", spy)
+    await stack.start()
+    event = turn(1, "I love pizza.", followed=followed)
+    await stack.send(event)
+    [proposal] = await published(stack.nats_url, FactProposed)
+    assert proposal.followed is followed
+    if followed is False:
+        assert calls == []
+    else:
+        assert calls == [(event.event_id, proposal.event_id)]

@@ -22,6 +22,7 @@ import pytest
 from engram_cli.nats_server import free_port
 from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
+from engram_core.event_status import EventStatusStore
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id
 from engram_core.memory import ProposedProfileFact
 from engram_core.proto import from_timestamp, pb
@@ -537,3 +538,19 @@ async def test_engram_reconcile_runs_and_stops_on_sigterm(stack: Stack, tmp_path
     output = log_path.read_text()
     assert "pizza" not in output  # memory text is never logged
     assert json.loads(output.splitlines()[-1])["event"] == "worker.stopped"
+
+
+@pytest.mark.parametrize("followed", [False, True, None])
+async def test_only_a_proposal_that_may_be_followed_is_looked_up_in_the_status_store(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, followed: bool | None
+) -> None:
+    calls: list[str] = []
+
+    async def spy(self: EventStatusStore, tenant: str, event_id: str, **_: Any) -> None:
+        calls.append(event_id)
+
+    monkeypatch.setattr(EventStatusStore, "update_if_followed", spy)
+    await stack.start()
+    event = await stack.propose(1, "User loves pizza", followed=followed)
+    assert await stack.texts() == ["User loves pizza"]
+    assert calls == ([] if followed is False else [event.event_id])

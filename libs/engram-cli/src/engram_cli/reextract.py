@@ -66,6 +66,7 @@ def reextract_event(tenant: str, turn: MemoryRecord, run: str, model: str) -> Tu
         source_id=turn.source_id,
         turn_index=turn.turn_index,
         reextract=True,
+        followed=False,  # nobody registered it: the workers skip the status store
         **({"created_at": turn.created_at} if turn.created_at else {}),
     )
 

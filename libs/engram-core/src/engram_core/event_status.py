@@ -2,9 +2,11 @@
 bucket, ``ENGRAM_EVENTS``, shared by the gateway and the write-path workers.
 
 The gateway registers the turns it publishes for ``POST /v1/memories/add`` (status
-``pending``); ingest and reconcile update only records that exist, so chat turns cost
-nothing here. A turn is applied when ingest indexed it and found nothing to propose,
-or when reconcile applied the facts ingest proposed from it (``follow_up``).
+``pending``) and marks their events ``followed``; ingest and reconcile update only
+records that exist, and do not even look for the events marked unfollowed (chat
+turns), so those cost nothing here. A turn is applied when ingest indexed it and found
+nothing to propose, or when reconcile applied the facts ingest proposed from it
+(``follow_up``).
 
 Keys hash the tenant with the event id: another tenant asking for the same id reads
 a different key, and finds nothing.
@@ -130,12 +132,17 @@ async def record_status(
     tenant: str,
     event_id: str,
     *,
+    followed: bool | None,
     follow_up: str = "",
     skipped: str = "",
     budget_s: float,
 ) -> bool:
     """:meth:`EventStatusStore.update_if_followed`, retried for ``budget_s`` while the
-    store says "try again"; False (and an error line) when it was given up on."""
+    store says "try again"; False (and an error line) when it was given up on.
+    ``followed``: the event's own flag; False (nobody registered it, a chat turn) reads
+    nothing, None (an event from before the flag) reads the store to find out."""
+    if followed is False:
+        return True
     try:
         await retry_transient(
             lambda: statuses.update_if_followed(

@@ -81,6 +81,12 @@ class TurnPersisted(Event):
         description="The stored turn this event is about (a re-extraction of a turn imported "
         "in bulk); empty: the id derives from turn_id.",
     )
+    followed: bool | None = Field(
+        default=None,
+        description="Someone follows this event's status (POST /v1/memories/add registered "
+        "it in ENGRAM_EVENTS): the worker updates it. False: nobody does, and the worker "
+        "reads nothing there; None (an event from before this field): the worker checks.",
+    )
 
 
 def dlq_subject(worker: str) -> str:
@@ -117,6 +123,13 @@ class FactProposed(Event):
     facts: list[NonEmpty] = Field(default_factory=list, max_length=3)
     profile: list[ProposedProfileFact] = Field(default_factory=list)
     model: str = Field(default="", description="The chat model of the turn (LLM fallback).")
+    followed: bool | None = Field(
+        default=None,
+        description="Someone follows this proposal's status (its turn was followed, so "
+        "ingest registered it in ENGRAM_EVENTS): the worker updates it. False: nobody does, "
+        "and the worker reads nothing there; None (an event from before this field): the "
+        "worker checks.",
+    )
 
 
 MemoryChangeOp = Literal["created", "updated", "superseded", "deleted", "evicted"]

@@ -505,7 +505,7 @@ async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
                 # From the request id: a retry with the same X-Request-Id is de-duplicated.
                 key=f"add/{rid}/{index}",
             )
-            event = scope.event("user", text, created_at=body.created_at)
+            event = scope.event("user", text, created_at=body.created_at, followed=True)
             if not state.publisher.may_reconnect():
                 raise TurnNotPersisted("not connected to NATS")
             await _register(state, tenant, event.event_id)  # before ingest can see it

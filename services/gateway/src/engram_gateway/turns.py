@@ -102,7 +102,15 @@ class TurnScope:
             turn_index=turn_index,
         )
 
-    def event(self, role: Role, text: str, *, created_at: datetime | None = None) -> TurnPersisted:
+    def event(
+        self,
+        role: Role,
+        text: str,
+        *,
+        created_at: datetime | None = None,
+        followed: bool = False,
+    ) -> TurnPersisted:
+        """The turn's event; ``followed``: its status was registered (memories/add)."""
         tid = turn_id(self.tenant, self.user_id, self.conversation_id, self.key, role)
         return TurnPersisted(
             event_id=event_id_for_turn(tid, text),
@@ -116,6 +124,7 @@ class TurnScope:
             model=self.model,
             request_id=self.request_id,
             turn_index=self.turn_index + (role == "assistant"),
+            followed=followed,
         )
 
 

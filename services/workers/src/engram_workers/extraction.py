@@ -122,4 +122,5 @@ def fact_proposed(
         facts=facts,
         profile=profile,
         model=event.model,
+        followed=event.followed,
     )

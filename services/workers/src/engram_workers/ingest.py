@@ -181,7 +181,7 @@ async def record_status(
     skipped: str = "",
 ) -> None:
     """A followed turn (``POST /v1/memories/add``) is applied, skipped, or waits for
-    ``follow_up``. Unfollowed turns (chats) cost one KV read. Best effort: a status
+    ``follow_up``. Unfollowed turns (chats) cost nothing. Best effort: a status
     store that stays unreachable (retried for ``ENGRAM_PUBLISH_RETRY_S``) never holds
     back or drops the facts; the followed turn then stays pending."""
     statuses = resources.statuses
@@ -191,6 +191,7 @@ async def record_status(
         statuses,
         event.tenant,
         event.event_id,
+        followed=event.followed,
         follow_up=follow_up,
         skipped=skipped,
         budget_s=resources.settings.retry_policy.publish_retry_s,

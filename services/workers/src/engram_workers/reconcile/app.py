@@ -276,6 +276,7 @@ async def reconcile_facts(event: FactProposed, delivery: ReconcileDelivery) -> N
             resources.statuses,
             event.tenant,
             event.event_id,
+            followed=event.followed,
             budget_s=delivery.worker.retry_policy.publish_retry_s,
         )
 
