@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING, cast
 import grpc
 import pytest
 import structlog
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 
+from engram_core import rpc_tracing
 from engram_core.lifecycle import summary_memory_id
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
@@ -503,6 +505,46 @@ async def test_invalid_requests(client: RetrievalClient) -> None:
         client.count(pb.CountRequest(tenant="a", filter=pb.MemoryFilter(kinds=[9]))),
         "unknown memory kind",
     )
+
+
+async def test_a_call_is_a_client_span_continued_by_a_server_span(
+    client: RetrievalClient,
+    span_exporter: InMemorySpanExporter,
+    tracer_provider: TracerProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(rpc_tracing, "_tracer", tracer_provider.get_tracer("engram.rpc"))
+    await store_facts(client)
+    span_exporter.clear()
+    await client.search(pb.SearchRequest(tenant="acme", user_id="u1", query="my dog"))
+    await expect_invalid(client.count(pb.CountRequest(tenant="")), "tenant")
+
+    def rpc(name: str, kind: SpanKind) -> list[ReadableSpan]:
+        return [
+            s
+            for s in span_exporter.get_finished_spans()
+            if s.name == f"/engram.memory.v1.MemoryService/{name}" and s.kind == kind
+        ]
+
+    (client_search,) = rpc("Search", SpanKind.CLIENT)
+    (served_search,) = rpc("Search", SpanKind.SERVER)
+    assert served_search.parent is not None and client_search.context is not None
+    assert served_search.parent.span_id == client_search.context.span_id  # one trace
+    for span in (client_search, served_search):
+        assert span.attributes is not None
+        assert span.attributes["rpc.system"] == "grpc"
+        assert span.attributes["rpc.method"] == "Search"
+        assert span.attributes["rpc.grpc.status_code"] == 0
+        assert span.status.status_code is not StatusCode.ERROR
+    (embed,) = [s for s in span_exporter.get_finished_spans() if s.name == "embed"]
+    assert embed.parent is not None and embed.parent.span_id == served_search.context.span_id
+
+    for span in rpc("Count", SpanKind.CLIENT) + rpc("Count", SpanKind.SERVER):
+        assert span.attributes is not None
+        assert span.attributes["rpc.grpc.status_code"] == 3  # INVALID_ARGUMENT
+        assert span.status.status_code is StatusCode.ERROR
+        assert "INVALID_ARGUMENT" in (span.status.description or "")
+    assert len(rpc("Count", SpanKind.SERVER)) == 1
 
 
 async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpanExporter) -> None:

@@ -1,7 +1,7 @@
 """Async client of the retrieval service's MemoryService, used by gateway, workers and CLI.
 
-Create it inside a lifespan/startup hook (never at import) after
-:func:`engram_core.telemetry.instrument_grpc_client`, so calls carry trace context.
+Create it inside a lifespan/startup hook (never at import). Every call is a CLIENT
+span carrying the trace context to retrieval (:mod:`engram_core.rpc_tracing`).
 
 The channel reconnects with a short backoff (0.25 s doubling to at most 2 s instead of
 gRPC's default 120 s), so callers recover within a few seconds of retrieval serving
@@ -12,13 +12,17 @@ notice a connection that died silently (a node gone, a NAT dropping it).
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram_core import metrics, semconv
 from engram_core.proto import pb, pb_grpc
+from engram_core.rpc_tracing import client_call
+
+Req = TypeVar("Req")
+Rep = TypeVar("Rep")
 
 SERVICE_NAME = "engram.memory.v1.MemoryService"
 #: SearchResponse.timings field → the ``engram.search.stage`` attribute value.
@@ -81,30 +85,40 @@ class RetrievalClient:
         # types-grpcio-health-checking declares HealthStub without its methods.
         self._health = cast(HealthStub, health_pb2_grpc.HealthStub(self._channel))
 
+    async def _call(
+        self,
+        method: str,
+        call: grpc.aio.UnaryUnaryMultiCallable[Req, Rep],
+        request: Req,
+        timeout_s: float,
+    ) -> Rep:
+        with client_call(SERVICE_NAME, method) as metadata:
+            return await call(request, timeout=timeout_s, metadata=metadata)
+
     async def search(self, request: pb.SearchRequest) -> pb.SearchResponse:
         """Search; the stage timings the service reports go to
         ``engram.search.stage.duration`` (recorded by every caller, in its process)."""
-        reply = await self.stub.Search(request, timeout=self.timeout_s)
+        reply = await self._call("Search", self.stub.Search, request, self.timeout_s)
         record_search_timings(reply.timings)
         return reply
 
     async def upsert(self, request: pb.UpsertRequest) -> pb.UpsertResponse:
-        return await self.stub.Upsert(request, timeout=self.timeout_s * 6)
+        return await self._call("Upsert", self.stub.Upsert, request, self.timeout_s * 6)
 
     async def delete(self, request: pb.DeleteRequest) -> pb.DeleteResponse:
-        return await self.stub.Delete(request, timeout=self.timeout_s)
+        return await self._call("Delete", self.stub.Delete, request, self.timeout_s)
 
     async def get(self, request: pb.GetRequest) -> pb.GetResponse:
-        return await self.stub.Get(request, timeout=self.timeout_s)
+        return await self._call("Get", self.stub.Get, request, self.timeout_s)
 
     async def list(self, request: pb.ListRequest) -> pb.ListResponse:
-        return await self.stub.List(request, timeout=self.timeout_s)
+        return await self._call("List", self.stub.List, request, self.timeout_s)
 
     async def count(self, request: pb.CountRequest) -> pb.CountResponse:
-        return await self.stub.Count(request, timeout=self.timeout_s)
+        return await self._call("Count", self.stub.Count, request, self.timeout_s)
 
     async def list_scopes(self, request: pb.ListScopesRequest) -> pb.ListScopesResponse:
-        return await self.stub.ListScopes(request, timeout=self.timeout_s)
+        return await self._call("ListScopes", self.stub.ListScopes, request, self.timeout_s)
 
     async def is_serving(self, timeout_s: float = 2.0) -> bool:
         """Standard gRPC health check of the MemoryService."""

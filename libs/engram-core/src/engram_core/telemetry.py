@@ -9,8 +9,8 @@ traces-specific variable) is set, and a JSON-lines file exporter when
 Set-up errors are not swallowed: a broken exporter configuration stops the service.
 The same resource (service name) is given to the meter provider (:mod:`engram_core.metrics`).
 
-gRPC instrumentation patches channel/server construction, so call
-:func:`instrument_grpc_client` / :func:`instrument_grpc_server` before creating any.
+gRPC calls are traced by :mod:`engram_core.rpc_tracing` (the retrieval client and
+service open their spans themselves).
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ def _jsonable(value: object) -> object:
 
 
 class RpcMetricsSpanProcessor(SpanProcessor):
-    """Records ``rpc.server.call.duration`` / ``rpc.client.call.duration`` from the gRPC
-    instrumentation's finished spans (it emits no metrics of its own), so every gRPC
-    call has a latency metric without a second interceptor."""
+    """Records ``rpc.server.call.duration`` / ``rpc.client.call.duration`` from the
+    finished gRPC spans (:mod:`engram_core.rpc_tracing`), so every gRPC call has a
+    latency metric with the span's own timing."""
 
     def on_end(self, span: ReadableSpan) -> None:
         attributes = span.attributes or {}
@@ -148,21 +148,3 @@ def setup_telemetry(service_name: str, traces_file: Path | None = None) -> Telem
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(traces_file)))
     trace.set_tracer_provider(provider)
     return Telemetry(provider=provider, meter_provider=setup_metrics(resource))
-
-
-def instrument_grpc_client() -> None:
-    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorClient
-
-    prefer_stable_semconv()  # any instrumentor's first instrument() fixes the choice
-    instrumentor = GrpcAioInstrumentorClient()
-    if not instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.instrument()
-
-
-def instrument_grpc_server() -> None:
-    from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer
-
-    prefer_stable_semconv()
-    instrumentor = GrpcAioInstrumentorServer()
-    if not instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.instrument()

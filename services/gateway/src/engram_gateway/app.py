@@ -21,7 +21,7 @@ from engram_core.bus import make_broker
 from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
-from engram_core.telemetry import instrument_grpc_client, prefer_stable_semconv
+from engram_core.telemetry import prefer_stable_semconv
 from engram_gateway import admin, browse_api, chat, health, memory_api, passthrough, ui
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.bus_link import BusLink
@@ -60,8 +60,6 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            # Patches channel construction, so it must precede the retrieval client.
-            instrument_grpc_client()
             retrieval = RetrievalClient(
                 settings.retrieval_address, timeout_s=settings.gateway_retrieval_timeout_s
             )

@@ -17,7 +17,6 @@ from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVER_KEEPALIVE_OPTIONS, SERVICE_NAME
-from engram_core.telemetry import instrument_grpc_server
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.encode_queue import EncodeQueue
 from engram_retrieval.pipeline import SearchPipeline
@@ -134,7 +133,6 @@ async def build_server(
     Port 0 binds a free port (see ``RunningServer.port``). ``embedder``/``scorer`` may
     be passed in to share already-loaded models (tests).
     """
-    instrument_grpc_server()  # patches grpc.aio.server, so before creating one
     if embedder is None:
         embedder = await asyncio.to_thread(load_embedder, settings)
     if scorer is None:
@@ -198,7 +196,6 @@ async def serve(settings: RetrievalSettings) -> None:
     """Run the retrieval service until SIGTERM/SIGINT, then shut down gracefully."""
     telemetry = setup_observability("engram-retrieval", settings)
     try:
-        instrument_grpc_server()
         running = await build_server(settings)
         log.info(
             "retrieval.listening",

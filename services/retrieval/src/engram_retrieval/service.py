@@ -22,6 +22,8 @@ from engram_core import semconv
 from engram_core.logging import get_logger
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, ScopeName, SearchQuery
 from engram_core.proto import KIND_NAMES, from_timestamp, kind_name, pb, pb_grpc, to_timestamp
+from engram_core.retrieval_client import SERVICE_NAME
+from engram_core.rpc_tracing import served_call
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.payload import (
     build_payload,
@@ -96,25 +98,33 @@ def _disk_full(exc: BaseException) -> bool:
 def _rpc(
     fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]],
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]:
-    """Turn known failures into gRPC statuses; never leak internals to the caller."""
+    """One SERVER span per call (continuing the caller's trace); known failures become
+    gRPC statuses; internals never leak to the caller."""
 
     @functools.wraps(fn)
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            return await fn(self, request, context)
-        except InvalidRequest as exc:
-            code = exc.code if isinstance(exc, RequestError) else grpc.StatusCode.INVALID_ARGUMENT
-            await context.abort(code, exc.message)
-        except StoreError as exc:
-            log.error("store.unavailable", rpc=fn.__name__, error=str(exc))
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
-        except Exception as exc:
-            if _disk_full(exc):
-                # Callers retry UNAVAILABLE until space is freed (nothing is dead-lettered).
-                log.error("store.disk_full", rpc=fn.__name__, error=str(exc))
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "memory store: disk full")
-            log.exception("rpc.failed", rpc=fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__} failed")
+        method = fn.__name__
+        with served_call(SERVICE_NAME, method, context.invocation_metadata()) as call:
+
+            async def abort(code: grpc.StatusCode, details: str) -> None:
+                call.failed(code, details)
+                await context.abort(code, details)
+
+            try:
+                return await fn(self, request, context)
+            except InvalidRequest as exc:
+                invalid = grpc.StatusCode.INVALID_ARGUMENT
+                await abort(exc.code if isinstance(exc, RequestError) else invalid, exc.message)
+            except StoreError as exc:
+                log.error("store.unavailable", rpc=method, error=str(exc))
+                await abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
+            except Exception as exc:
+                if _disk_full(exc):
+                    # Callers retry UNAVAILABLE until space is freed (nothing dead-lettered).
+                    log.error("store.disk_full", rpc=method, error=str(exc))
+                    await abort(grpc.StatusCode.UNAVAILABLE, "memory store: disk full")
+                log.exception("rpc.failed", rpc=method)
+                await abort(grpc.StatusCode.INTERNAL, f"{method} failed")
         raise AssertionError("unreachable: context.abort raises")
 
     return handler

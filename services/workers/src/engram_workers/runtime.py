@@ -64,7 +64,6 @@ from engram_core.observability import setup_observability
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.retry import RetryPolicy, TransientError, backoff_delay, is_transient
 from engram_core.settings import EngramSettings, load_settings
-from engram_core.telemetry import instrument_grpc_client
 from engram_workers.health import HealthServer
 
 __all__ = [
@@ -291,8 +290,6 @@ class Worker(Generic[E, S, R]):
         self.settings = settings
         self.retry_policy: RetryPolicy = settings.retry_policy
         self.dlq_subject = dlq_subject(spec.name)
-        # Patches channel construction, so it must precede the retrieval channel.
-        instrument_grpc_client()
         self.broker = make_broker(
             settings.nats_url,
             client_name=spec.service_name,
