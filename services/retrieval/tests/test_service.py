@@ -562,15 +562,19 @@ async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpan
     assert spans["candidates"].attributes["engram.lexical"] is True
 
 
+async def store_facts_and_stop(server: RunningServer) -> list[str]:
+    client = RetrievalClient(server.address)
+    try:
+        return await store_facts(client)
+    finally:
+        await client.close()
+        await server.stop(grace_s=0)
+
+
 async def test_data_persists_across_restart(
     server: RunningServer, settings: RetrievalSettings, embedder: Embedder
 ) -> None:
-    client = RetrievalClient(server.address)
-    try:
-        ids = await store_facts(client)
-    finally:
-        await client.close()
-    await server.stop(grace_s=0)
+    ids = await store_facts_and_stop(server)
     restarted = await build_server(settings, embedder=embedder)
     client = RetrievalClient(restarted.address)
     try:
@@ -596,13 +600,7 @@ async def test_a_restart_on_another_model_warns_until_the_memories_are_reembedde
 ) -> None:
     packaged = Embedder.default(threads=1, quantization="none")
     assert packaged.model_id != embedder.model_id
-    first = await build_server(settings, embedder=packaged)
-    client = RetrievalClient(first.address)
-    try:
-        ids = await store_facts(client)
-    finally:
-        await client.close()
-        await first.stop(grace_s=0)
+    ids = await store_facts_and_stop(await build_server(settings, embedder=packaged))
 
     with structlog.testing.capture_logs() as logs:
         restarted = await build_server(settings, embedder=embedder)
