@@ -71,10 +71,10 @@ class ServerCall:
 
     def __init__(self, span: trace.Span) -> None:
         self._span = span
-        self._code = grpc.StatusCode.OK
+        self.code = grpc.StatusCode.OK
 
     def failed(self, code: grpc.StatusCode, details: str) -> None:
-        self._code = code
+        self.code = code
         self._span.set_status(Status(StatusCode.ERROR, f"{code.name}: {details}"))
 
 
@@ -96,4 +96,4 @@ def served_call(
         try:
             yield call
         finally:
-            span.set_attribute(semconv.RPC_GRPC_STATUS_CODE, _status_code(call._code))
+            span.set_attribute(semconv.RPC_GRPC_STATUS_CODE, _status_code(call.code))
