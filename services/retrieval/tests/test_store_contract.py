@@ -471,7 +471,7 @@ def test_a_record_vector_is_converted_once_when_first_read() -> None:
     assert Record.reads == 0  # a candidate MMR never compares costs nothing
     assert np.asarray(lazy).dtype == np.float32
     assert np.asarray(lazy, dtype=np.float64) == pytest.approx([0.6, 0.8, 0, 0])
-    assert len(lazy) == DIM and Record.reads == 1
+    assert np.asarray(lazy).shape == (DIM,) and Record.reads == 1
 
     class Bare:
         vector = None

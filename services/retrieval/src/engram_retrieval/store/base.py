@@ -71,7 +71,8 @@ class RecordVector:
     """A search result's dense vector, converted from the store's record when first
     read (``np.asarray``). A search ranks most of its candidates on their scores alone;
     only the ones MMR compares, and lexical-only ones (for their cosine), need the
-    vector, and converting every row's 384 floats cost a third of a search's CPU."""
+    vector, and converting every row's 384 floats was over a quarter of the store's part
+    of a search."""
 
     __slots__ = ("_array", "_record")
 
@@ -86,9 +87,6 @@ class RecordVector:
                 raise StoreError("a search result came back without its dense vector")
             self._array, self._record = array, None
         return self._array if dtype is None else self._array.astype(dtype, copy=False)
-
-    def __len__(self) -> int:
-        return len(self.__array__())
 
 
 @dataclass

@@ -282,14 +282,13 @@ class EdgeStore:
 
         rows = [[row_point(r) for r in found] for found in results]
         lexical_only = lexical_only_ids(rows, dense=dense, lexical=bool(sparse))
-        cosines = self._cosines(filters[0].tenant, queries[0], lexical_only)
+        # lexical-only points exist only beside a dense query, which is queries[0]
+        cosines = self._cosines(filters[0].tenant, queries[0], lexical_only) if lexical_only else {}
         return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse), cosines=cosines)
 
     def _cosines(self, tenant: str, nearest: Query, ids: set[str]) -> dict[str, float]:
         """The dense query's cosine to each of ``ids``, scored by the engine (one query
         restricted to them) instead of converting their vectors to compute it here."""
-        if not ids:
-            return {}
         request = QueryRequest(
             limit=len(ids),
             query=nearest,
