@@ -16,7 +16,8 @@ from engram_core.bus import publish_event
 from engram_core.events import STREAM_NAME, TurnPersisted
 from engram_core.proto import from_timestamp, pb
 from engram_testing.worker_stack import HORIZON_AFTER_TWO_DELIVERIES
-from engram_workers.ingest import turn_memory_id
+from engram_workers.ingest import INGEST, turn_memory_id
+from engram_workers.runtime import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -273,3 +274,35 @@ async def test_a_slow_handler_keeps_its_message_past_ack_wait(
     await eventually(lambda: len(service.upserts) == 1, what="the slow Upsert")
     await eventually(ingest.settled, what="the ack")
     assert len(service.attempts) == 1  # not handed out again while still in progress
+
+
+async def test_a_worker_waits_for_retrieval_before_consuming(ingest, publisher, eventually) -> None:
+    """Started before retrieval serves (``engram up``, a pod rescheduled): alive, not
+    ready, not consuming; a turn said meanwhile is indexed on its first delivery once
+    retrieval serves, instead of failing and waiting out the retry backoff."""
+    await ingest.retrieval.set_serving(False)
+    worker = Worker(INGEST, ingest.settings())
+    stop = asyncio.Event()
+    serving = asyncio.create_task(worker.serve(stop))
+    try:
+        await asyncio.sleep(1.0)  # the stream and consumer are declared before the wait
+        await publish_event(publisher, turn())
+        await asyncio.sleep(0.5)
+        assert not worker.consuming and not serving.done()
+        assert ingest.retrieval.service.attempts == []  # nothing tried, nothing naked
+        await ingest.retrieval.set_serving(True)
+        await eventually(lambda: len(ingest.retrieval.service.upserts) == 1, 10, what="the turn")
+        assert len(ingest.retrieval.service.attempts) == 1  # the first delivery did it
+        assert (await worker.readiness())["retrieval"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 20)
+
+
+async def test_a_stop_while_waiting_for_retrieval_ends_the_wait(ingest) -> None:
+    await ingest.retrieval.set_serving(False)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(Worker(INGEST, ingest.settings()).serve(stop))
+    await asyncio.sleep(0.5)
+    stop.set()
+    await asyncio.wait_for(serving, 10)

@@ -18,8 +18,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram_core import metrics, semconv
+from engram_core.logging import get_logger
 from engram_core.proto import pb, pb_grpc
+from engram_core.retry import TransientError, retry_transient
 from engram_core.rpc_tracing import client_call
+
+log = get_logger(__name__)
 
 Req = TypeVar("Req")
 Rep = TypeVar("Rep")
@@ -129,6 +133,19 @@ class RetrievalClient:
         except grpc.aio.AioRpcError:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def until_serving(self) -> None:
+        """Wait, backing off up to 1 s, until the service reports SERVING (the channel
+        is then connected). Logs ``retrieval.waiting`` while it does."""
+
+        async def serving() -> None:
+            if not await self.is_serving(timeout_s=2.0):
+                raise TransientError(f"retrieval at {self.address} is not serving yet")
+
+        def report(exc: BaseException, pause: float) -> None:
+            log.info("retrieval.waiting", address=self.address, delay_s=round(pause, 2))
+
+        await retry_transient(serving, budget_s=None, on_retry=report, max_delay_s=1.0)
 
     async def close(self) -> None:
         await self._channel.close()

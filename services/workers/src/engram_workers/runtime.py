@@ -447,6 +447,9 @@ class Worker(Generic[E, S, R]):
         if self.spec.uses_retrieval:
             self._retrieval = RetrievalClient(self.settings.retrieval_address)
             self._memories = MemoryPort(self._retrieval)
+            # Consuming sooner would only nack the first messages and wait out their
+            # backoff: a turn said just after start-up would be learned seconds late.
+            await self._retrieval.until_serving()
         if self.spec.resources is not None:
             self._resources = await self._resources_stack.enter_async_context(
                 self.spec.resources(self)
