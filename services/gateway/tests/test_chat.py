@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from engram_cli.nats_server import free_port
 from engram_core.events import TurnPersisted
 from engram_core.proto import pb, to_timestamp
+from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import event_id_for_turn
 
 CHAT = "/v1/chat/completions"
@@ -695,6 +696,118 @@ async def test_open_webui_forwarded_user_header_names_the_user(
     assert fake_retrieval.requests[-1].user_id == "alice"
     bad = await client.post(CHAT, json=chat_body(user="x" * 300))
     assert_openai_error(bad, 400)
+
+
+async def test_open_webui_chat_id_header_names_the_conversation(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any, fake_retrieval: Any
+) -> None:
+    """Each Open WebUI chat is a conversation of its own (not all of a user's chats in
+    ``default``); a request's own memory_id, body or header, wins."""
+    owui = {"X-OpenWebUI-User-Id": "owui-42", "X-OpenWebUI-Chat-Id": "7c9e6679-chat"}
+    response = await client.post(CHAT, json=chat_body(), headers=owui)
+    assert response.status_code == 200
+    assert fake_retrieval.requests[-1].conversation_id == "7c9e6679-chat"
+    user_turn, assistant_turn = await jetstream.events(2)
+    assert user_turn.data["conversation_id"] == "7c9e6679-chat"
+    assert assistant_turn.data["conversation_id"] == "7c9e6679-chat"
+
+    await client.post(CHAT, json=chat_body(memory_id="from-body"), headers=owui)
+    assert fake_retrieval.requests[-1].conversation_id == "from-body"
+    await client.post(CHAT, json=chat_body(), headers={**owui, "X-Engram-Memory-Id": "mine"})
+    assert fake_retrieval.requests[-1].conversation_id == "mine"
+
+    # a value that could not name a conversation is refused before anything happens
+    sent, stored = len(scripted_upstream.chat_requests()), await jetstream.count()
+    bad = await client.post(CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "../etc"})
+    error = assert_openai_error(bad, 400, "invalid_memory_control")
+    assert error["param"] == "X-OpenWebUI-Chat-Id"
+    assert len(scripted_upstream.chat_requests()) == sent
+    assert await jetstream.count() == stored
+
+
+async def test_the_conversation_header_is_the_operators_choice(
+    start_gateway: Any, fake_retrieval: Any
+) -> None:
+    gateway = await start_gateway(gateway_conversation_header="")
+    response = await gateway.client().post(
+        CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "7c9e6679-chat"}
+    )
+    assert response.status_code == 200
+    assert fake_retrieval.requests[-1].conversation_id == "default"
+
+    other = await start_gateway(gateway_conversation_header="X-Chat")
+    await other.client().post(CHAT, json=chat_body(), headers={"X-Chat": "mine"})
+    assert fake_retrieval.requests[-1].conversation_id == "mine"
+
+
+TITLE_TASK = (
+    "### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat "
+    "history.\n### Chat History:\n<chat_history>\nUSER: I love pizza.\nASSISTANT: Noted!"
+    "\n</chat_history>"
+)
+
+
+async def test_temporary_chats_and_client_tasks_leave_memory_alone(
+    client: httpx2.AsyncClient,
+    scripted_upstream: Any,
+    fake_retrieval: Any,
+    jetstream: Any,
+    hit: Callable[..., pb.SearchHit],
+) -> None:
+    """Open WebUI's temporary chat (``local:<id>``) asked not to be kept, and its title,
+    tag and follow-up prompts paste the chat's history into one message: no recall
+    goes in, no turn is recorded, and the reply comes back as it would without Engram."""
+    fake_retrieval.response = pb.SearchResponse(
+        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("Loves pizza.")]
+    )
+    temporary = await client.post(
+        CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "local:Zk3-socket"}
+    )
+    assert temporary.status_code == 200
+    assert temporary.headers["x-engram-memory"] == "bypassed"
+    task = chat_body(messages=[{"role": "user", "content": TITLE_TASK}])
+    titled = await client.post(CHAT, json=task, headers={"X-OpenWebUI-Chat-Id": "7c9e-chat"})
+    assert titled.status_code == 200
+    assert titled.headers["x-engram-memory"] == "bypassed"
+    assert "memory_hits" not in titled.json()
+    streamed = await client.post(CHAT, json={**task, "stream": True})
+    assert streamed.headers["x-engram-memory"] == "bypassed"
+
+    assert fake_retrieval.requests == []
+    for sent in scripted_upstream.chat_requests():
+        assert all(m["role"] == "user" for m in sent["messages"])  # nothing injected
+    await asyncio.sleep(0.2)
+    assert await jetstream.count() == 0
+
+    # a request that says memory=true is remembered whatever it looks like
+    kept = await client.post(CHAT, json={**task, "memory": True})
+    assert kept.headers["x-engram-memory"] == "used"
+    user_turn, _ = await jetstream.events(2)
+    assert user_turn.data["text"] == TITLE_TASK
+
+
+async def test_what_counts_as_a_client_task_is_the_operators_choice(
+    start_gateway: Any, fake_retrieval: Any, jetstream: Any
+) -> None:
+    task = chat_body(messages=[{"role": "user", "content": TITLE_TASK}])
+    unfiltered = await start_gateway(
+        gateway_task_prompt_pattern="", gateway_temporary_chat_prefix=""
+    )
+    client = unfiltered.client()
+    assert (await client.post(CHAT, json=task)).headers["x-engram-memory"] == "empty"
+    temporary = await client.post(
+        CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "local:x"}
+    )
+    assert temporary.headers["x-engram-memory"] == "empty"
+    assert [r.conversation_id for r in fake_retrieval.requests] == ["default", "local:x"]
+
+    custom = await start_gateway(gateway_task_prompt_pattern=r"^\[internal\]")
+    response = await custom.client().post(
+        CHAT, json=chat_body(messages=[{"role": "user", "content": "[internal] summarise"}])
+    )
+    assert response.headers["x-engram-memory"] == "bypassed"
+    with pytest.raises(ValueError, match="not a regular expression"):
+        GatewaySettings(gateway_task_prompt_pattern="(unclosed")
 
 
 async def test_a_chat_reports_where_the_gateway_spent_its_time(

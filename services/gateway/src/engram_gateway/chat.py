@@ -30,6 +30,7 @@ from engram_core.logging import get_logger
 from engram_core.memory import GLOBAL_CONVERSATION, is_tenant_wide
 from engram_gateway.bodies import check_text_size, parse_json_object, read_body
 from engram_gateway.chat_schema import chat_openapi
+from engram_gateway.client_hints import apply_client_hints
 from engram_gateway.controls import split_memory_controls
 from engram_gateway.errors import SERVICE_UNAVAILABLE, UPSTREAM_ERROR, GatewayError, bad_request
 from engram_gateway.recall import (
@@ -140,12 +141,13 @@ async def chat_completions(request: Request) -> Response:
     timing = ServerTiming.of(request)
     body = parse_json_object(await read_body(request, settings.gateway_max_body_bytes))
     controls, forwarded = split_memory_controls(body, request.headers)
-    controls = controls.with_defaults(settings)
     validate_chat_body(forwarded)
 
     messages: list[Any] = forwarded["messages"]
     user_index = latest_user_index(messages)
     query = message_text(messages[user_index]).strip() if user_index is not None else ""
+    controls, bypass = apply_client_hints(controls, request.headers, query, settings)
+    controls = controls.with_defaults(settings)
     scope = TurnScope.chat(
         tenant=resolve_tenant(request),
         user_id=chat_user(forwarded, request.headers, settings.gateway_user_header),
@@ -195,6 +197,7 @@ async def chat_completions(request: Request) -> Response:
         memory=memory.status.value,
         hits=len(memory.hits),
         conversation_id=scope.conversation_id,
+        **({"bypass": bypass.value} if bypass else {}),
     )
     trace.get_current_span().set_attributes(
         {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -69,6 +70,28 @@ class GatewaySettings(EngramSettings):
         "(Open WebUI forwards its user id in this one with ENABLE_FORWARD_USER_INFO_HEADERS); "
         "empty: only the body's `user`.",
     )
+    gateway_conversation_header: str = Field(
+        default="X-OpenWebUI-Chat-Id",
+        max_length=200,
+        description="The request header naming the conversation when a chat sets no "
+        "memory_id (Open WebUI forwards its chat id in this one with "
+        "ENABLE_FORWARD_USER_INFO_HEADERS); empty: only memory_id.",
+    )
+    gateway_temporary_chat_prefix: str = Field(
+        default="local:",
+        max_length=200,
+        description="A conversation named by ENGRAM_GATEWAY_CONVERSATION_HEADER that starts "
+        "with this is a temporary chat (Open WebUI's 'local:<id>'): no recall, nothing "
+        "recorded, unless the request itself sets memory; empty: none.",
+    )
+    gateway_task_prompt_pattern: str = Field(
+        default=r"^### Task:",
+        max_length=1000,
+        description="A chat whose latest user message matches this regular expression is a "
+        "client's background task (Open WebUI's titles, tags, follow-ups and search "
+        "queries start with '### Task:'): no recall, nothing recorded, unless the request "
+        "itself sets memory; empty: none.",
+    )
     gateway_ui: bool = Field(
         default=True, description="Serve the memory browser at /ui (GET / redirects there)."
     )
@@ -130,6 +153,15 @@ class GatewaySettings(EngramSettings):
                 raise ValueError(f"names are first path segments such as 'models' (got {name!r})")
             if name in ("chat", "memories", "events", "admin"):
                 raise ValueError(f"/v1/{name} is Engram's own, not relayed")
+        return value
+
+    @field_validator("gateway_task_prompt_pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
         return value
 
     @field_validator("llm_base_url")
