@@ -747,6 +747,14 @@ TITLE_TASK = (
 )
 
 
+RAG_PROMPT = (
+    "### Task:\nRespond to the user query using the provided context.\n### Guidelines:\n"
+    '- If you don\'t know the answer, clearly state that.\n<context>\n<source id="1">'
+    "The lease ends in May.</source>\n</context>\n<user_query>\nWhen does my lease end?"
+    "\n</user_query>\nWhen does my lease end?"
+)
+
+
 async def test_temporary_chats_and_client_tasks_leave_memory_alone(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
@@ -784,6 +792,13 @@ async def test_temporary_chats_and_client_tasks_leave_memory_alone(
     assert kept.headers["x-engram-memory"] == "used"
     user_turn, _ = await jetstream.events(2)
     assert user_turn.data["text"] == TITLE_TASK
+    # Open WebUI's document / web-search prompt is the person asking: remembered
+    asked = await client.post(
+        CHAT, json=chat_body(messages=[{"role": "user", "content": RAG_PROMPT}])
+    )
+    assert asked.headers["x-engram-memory"] == "used"
+    _, _, asked_turn, _ = await jetstream.events(4)
+    assert asked_turn.data["text"] == RAG_PROMPT
 
 
 async def test_what_counts_as_a_client_task_is_the_operators_choice(

@@ -8,10 +8,11 @@ person talking, and memory leaves them alone (no recall, nothing recorded):
 - a *temporary chat*, which the person asked not to be kept (Open WebUI names it
   ``local:<socket id>``);
 - a *background task* the client runs with the chat's history pasted into one user
-  message (Open WebUI's titles, tags, follow-up suggestions and search queries, whose
-  prompts start with ``### Task:``). Recording it would store the history again as a
-  turn and extract its facts a second time, and recall would inject memory into a
-  title prompt.
+  message (Open WebUI's titles, tags, follow-up suggestions and search queries: a
+  ``### Task:`` prompt around ``<chat_history>``). Recording it would store the history
+  again as a turn and extract its facts a second time, and recall would inject memory
+  into a title prompt. Open WebUI's document and web-search prompt also starts with
+  ``### Task:`` but carries no chat history: that is the person asking, and remembered.
 
 A memory control the request sets itself (``memory``, ``memory_id``, body or header)
 wins over all of this: the hints only fill what the caller left unset.

@@ -85,12 +85,13 @@ class GatewaySettings(EngramSettings):
         "recorded, unless the request itself sets memory; empty: none.",
     )
     gateway_task_prompt_pattern: str = Field(
-        default=r"^### Task:",
+        default=r"(?s)\A### Task:.*?<chat_history>",
         max_length=1000,
         description="A chat whose latest user message matches this regular expression is a "
         "client's background task (Open WebUI's titles, tags, follow-ups and search "
-        "queries start with '### Task:'): no recall, nothing recorded, unless the request "
-        "itself sets memory; empty: none.",
+        "queries: a '### Task:' prompt around the pasted <chat_history>; its document and "
+        "web-search prompt has no chat history and is a person's message): no recall, "
+        "nothing recorded, unless the request itself sets memory; empty: none.",
     )
     gateway_ui: bool = Field(
         default=True, description="Serve the memory browser at /ui (GET / redirects there)."
