@@ -710,6 +710,11 @@ async def test_open_webui_chat_id_header_names_the_conversation(
     user_turn, assistant_turn = await jetstream.events(2)
     assert user_turn.data["conversation_id"] == "7c9e6679-chat"
     assert assistant_turn.data["conversation_id"] == "7c9e6679-chat"
+    # another chat opening with the same words is another turn, not a repeat of this one
+    await client.post(CHAT, json=chat_body(), headers={**owui, "X-OpenWebUI-Chat-Id": "8d1f-chat"})
+    *_, other_user_turn, _ = await jetstream.events(4)
+    assert other_user_turn.data["conversation_id"] == "8d1f-chat"
+    assert other_user_turn.data["turn_id"] != user_turn.data["turn_id"]
 
     await client.post(CHAT, json=chat_body(memory_id="from-body"), headers=owui)
     assert fake_retrieval.requests[-1].conversation_id == "from-body"
