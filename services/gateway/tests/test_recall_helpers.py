@@ -118,7 +118,7 @@ def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., pb.SearchH
     text = render_memory(result_from_pb(complete), now=NOW)
     assert text is not None
     assert "All 2 stored memories, facts first, then newest first (there are no others):" in text
-    assert "1. [2025-03-04] fact: Has a cat.\n2. [2025-03-04] fact: Lives in Berlin." in text
+    assert '1. [2025-03-04] fact: "Has a cat."\n2. [2025-03-04] fact: "Lives in Berlin."' in text
     assert "most relevant" not in text
 
     capped = pb.SearchResponse(
