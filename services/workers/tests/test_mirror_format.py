@@ -212,6 +212,49 @@ def test_malformed_files_are_rejected_with_a_reason(content: str, message: str) 
         parse(content, classify("acme/c1/facts/x.md"))
 
 
+PROFILE = "profile: {category: identity, key: name, value: Jane"
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("turn_index: 1000000000000000000000000000000", r"turn_index: out of range"),
+        ("turn_index: 1.0e+30", r"turn_index: should be a whole number, not a float"),
+        ("turn_index: 1e30", r"turn_index: should be a whole number, not a str"),
+        ("turn_index: -1", r"turn_index: out of range \(-1"),
+        ("turn_index: true", r"turn_index: should be a whole number, not a boolean"),
+        ("turn_range: [3, 99999999999999999999]", r"turn_range.last_turn: out of range"),
+        ("turn_range: {first_turn: -2, last_turn: 4}", r"turn_range.first_turn: out of range"),
+        ("turn_range: [9, 3]", r"first_turn 9 is after last_turn 3"),
+        (PROFILE + ", confidence: 1.0e+30}", r"profile.confidence: out of range"),
+        (PROFILE + ", confidence: .nan}", r"profile.confidence: out of range"),
+        (PROFILE + ", confidence: 0.9, importance: -.inf}", r"profile.importance: out of"),
+        (PROFILE + ", confidence: true}", r"profile.confidence: should be a number"),
+    ],
+)
+def test_numbers_out_of_range_are_the_files_error_with_the_field_named(
+    header: str, message: str
+) -> None:
+    """A hand-typed number the index cannot store is refused where the file is read
+    (reported, skipped), not published to fail its writes until it is dead-lettered."""
+    with pytest.raises(MirrorFormatError, match=message):
+        parse(f"---\nid: {ID}\nkind: fact\n{header}\n---\nx\n", classify("acme/c1/facts/x.md"))
+
+
+def test_numbers_in_range_read_back() -> None:
+    top = 2**63 - 1
+    parsed = parse(
+        f"---\nid: {ID}\nkind: episode\nturn_index: {top}\nturn_range: [0, {top}]\n---\nx\n",
+        classify("acme/c1/episodes/x.md"),
+    )
+    assert (parsed.record.turn_index, parsed.record.turn_range) == (top, (0, top))
+    profile = parse(
+        f"---\nid: {ID}\nkind: profile\n{PROFILE}, confidence: 1, importance: 0}}\n---\nx\n",
+        classify("acme/c1/profile/x.md"),
+    ).record.profile
+    assert profile is not None and (profile.confidence, profile.importance) == (1.0, 0.0)
+
+
 def test_a_missing_id_is_an_error_without_new_id() -> None:
     with pytest.raises(MirrorFormatError, match="no id"):
         parse("---\nkind: fact\n---\nx\n", classify("acme/c1/facts/x.md"))

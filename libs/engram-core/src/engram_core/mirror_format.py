@@ -90,6 +90,10 @@ _CANONICAL_NAME = re.compile(
 )
 
 TombstoneReason = Literal["superseded", "deleted", "evicted"]
+#: The largest turn position the index stores (``turn_index`` and ``turn_range`` are int64).
+MAX_INDEX = 2**63 - 1
+#: Profile fields that are scores in 0..1.
+PROFILE_SCORES = ("confidence", "importance")
 
 
 class MirrorFormatError(ValueError):
@@ -413,8 +417,9 @@ def parse(
     tenant, user (under ``@<user>/``), conversation, kind and a turn's role.
 
     Raises :class:`MirrorFormatError` for anything that is not a valid memory: no
-    front matter, invalid YAML, unknown keys, values of the wrong type, an id that is
-    not a UUID, a tenant that contradicts the directory, an empty text.
+    front matter, invalid YAML, unknown keys, values of the wrong type or out of range
+    (a turn position the index cannot store, a profile score outside 0..1), an id that
+    is not a UUID, a tenant that contradicts the directory, an empty text.
     """
     front, body = _split(content)
     unknown = sorted(str(key) for key in front if key not in _KNOWN_KEYS)
@@ -464,7 +469,7 @@ def parse(
         raise MirrorFormatError(f"id is not a UUID: {raw_id!r}") from None
 
     if "turn_index" in front and front["turn_index"] is not None:
-        fields["turn_index"] = front["turn_index"]
+        fields["turn_index"] = _index(front["turn_index"], "turn_index")
     for name in ("source_turn_ids", "tags"):
         listed = front.get(name)
         if listed is None:
@@ -475,7 +480,7 @@ def parse(
             raise MirrorFormatError(f"{name}: should be a list")
         fields[name] = [_scalar_str(item, name) or "" for item in listed]
     if front.get("profile") is not None:
-        fields["profile"] = front["profile"]
+        fields["profile"] = _profile(front["profile"])
     if front.get("turn_range") is not None:
         fields["turn_range"] = _turn_range(front["turn_range"])
     if front.get("metadata") is not None:
@@ -618,9 +623,40 @@ def _turn_range(value: Any) -> tuple[int, int]:
         first, last = value
     else:
         raise MirrorFormatError("turn_range: should be {first_turn: N, last_turn: M}")
-    if not isinstance(first, int) or not isinstance(last, int) or isinstance(first, bool):
-        raise MirrorFormatError("turn_range: first_turn and last_turn should be integers")
+    first, last = _index(first, "turn_range.first_turn"), _index(last, "turn_range.last_turn")
+    if first > last:
+        raise MirrorFormatError(f"turn_range: first_turn {first} is after last_turn {last}")
     return (first, last)
+
+
+def _index(value: Any, name: str) -> int:
+    """A turn position: an integer the index can store (int64), never negative; a
+    hand-typed ``1e30`` or ``-1`` is the file's error, not a write that fails later."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MirrorFormatError(f"{name}: should be a whole number, not {_type_name(value)}")
+    if not 0 <= value <= MAX_INDEX:
+        raise MirrorFormatError(f"{name}: out of range ({value} is not in 0..{MAX_INDEX})")
+    return value
+
+
+def _profile(value: Any) -> Any:
+    """The profile mapping, its scores checked here (finite numbers in 0..1, never a
+    boolean) so the reason names the field; the model checks the rest."""
+    if not isinstance(value, Mapping):
+        raise MirrorFormatError("profile: should be a mapping")
+    for name in PROFILE_SCORES:
+        score = value.get(name)
+        if score is None:
+            continue
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise MirrorFormatError(f"profile.{name}: should be a number in 0..1")
+        if not 0.0 <= score <= 1.0:  # NaN fails this too
+            raise MirrorFormatError(f"profile.{name}: out of range ({score} is not in 0..1)")
+    return value
+
+
+def _type_name(value: Any) -> str:
+    return "a boolean" if isinstance(value, bool) else f"a {type(value).__name__}"
 
 
 def _describe(exc: ValidationError, prefix: str = "") -> str:
