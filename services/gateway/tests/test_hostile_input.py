@@ -8,78 +8,19 @@ a pool's choice: a server that closed it would make the second request fail.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import structlog
 
 from engram_gateway.bodies import MAX_JSON_DEPTH
+from engram_testing.raw_http import RawConnection
 
 from .conftest import RunningGateway, StartGateway
 
 CHAT = "/v1/chat/completions"
 GOOD_CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hello there."}]}
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def error(self) -> dict[str, Any]:
-        assert self.headers["content-type"].startswith("application/json"), self.headers
-        error = self.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}
-        return error
-
-
-class RawConnection:
-    """One HTTP/1.1 connection; requests are sent one after another on it."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    @classmethod
-    async def open(cls, url: str) -> RawConnection:
-        host, port = url.removeprefix("http://").split(":")
-        return cls(*await asyncio.open_connection(host, int(port)))
-
-    async def send(self, method: str, path: str, body: bytes | None = None) -> None:
-        lines = [f"{method} {path} HTTP/1.1", "Host: gateway", "Connection: keep-alive"]
-        if body is not None:
-            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b""))
-        await self.writer.drain()
-
-    async def response(self, timeout_s: float = 15.0) -> Reply:
-        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), timeout_s)
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in filter(None, header_lines):
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        body = await self.reader.readexactly(int(headers.get("content-length", "0")))
-        return Reply(int(status_line.split()[1]), headers, body)
-
-    async def request(self, method: str, path: str, body: Any = None) -> Reply:
-        raw = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        await self.send(method, path, raw)
-        return await self.response()
-
-    async def closed_by_server(self, timeout_s: float = 5.0) -> bool:
-        return await asyncio.wait_for(self.reader.read(1), timeout_s) == b""
-
-    async def close(self) -> None:
-        self.writer.close()
-        await self.writer.wait_closed()
 
 
 @pytest.fixture
