@@ -13,8 +13,8 @@ from engram_workers.llm import (
     LlmOutputError,
     LlmSettingsMixin,
     LlmUnavailable,
-    extract_json,
 )
+from engram_workers.replies import ModelReply, UnusableReply, parse_reply
 
 
 class Answer(BaseModel):
@@ -45,12 +45,12 @@ async def ask(client: LlmClient) -> Answer:
     ],
 )
 def test_tolerant_parser(text: str, expected: dict) -> None:
-    assert extract_json(text) == expected
+    assert parse_reply(ModelReply(text), Answer).model_dump() == expected
 
 
 def test_parser_refuses_prose() -> None:
-    with pytest.raises(ValueError):
-        extract_json("I could not find any facts.")
+    with pytest.raises(UnusableReply):
+        parse_reply(ModelReply("I could not find any facts."), Answer)
 
 
 async def test_asks_with_json_schema_and_the_task_convention(scripted_upstream) -> None:
@@ -116,3 +116,47 @@ async def test_upstream_without_json_schema_is_asked_again_without_it(scripted_u
     await client.close()
     kinds = [r.get("response_format", {}).get("type") for r in scripted_upstream.chat_requests()]
     assert kinds == ["json_schema", "json_object", "json_object"]
+
+
+async def test_reasoning_effort_and_the_extra_body_go_with_every_task(scripted_upstream) -> None:
+    scripted_upstream.replies = ['{"facts": []}']
+    extra = {"chat_template_kwargs": {"enable_thinking": False}}
+    client = client_for(scripted_upstream, llm_reasoning_effort="none", llm_extra_body=extra)
+    await ask(client)
+    await client.close()
+    sent = scripted_upstream.chat_requests()[0]
+    assert sent["reasoning_effort"] == "none"
+    assert sent["chat_template_kwargs"] == {"enable_thinking": False}
+    assert sent["response_format"]["type"] == "json_schema"  # Ollama: its `format` schema
+
+
+async def test_nothing_extra_is_sent_by_default(scripted_upstream) -> None:
+    scripted_upstream.replies = ['{"facts": []}']
+    client = client_for(scripted_upstream)
+    await ask(client)
+    await client.close()
+    sent = scripted_upstream.chat_requests()[0]
+    assert "reasoning_effort" not in sent and "chat_template_kwargs" not in sent
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error"),
+    [
+        ("llm_extra_body", {"model": "other"}, "may not set model"),
+        ("llm_extra_body", {"messages": []}, "may not set messages"),
+        ("llm_reasoning_effort", "off", "llm_reasoning_effort"),
+    ],
+)
+def test_bad_reasoning_settings_fail_at_start(setting: str, value: object, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        LlmSettingsMixin.model_validate({setting: value})
+
+
+def test_the_extra_body_is_read_as_json_from_the_environment(monkeypatch) -> None:
+    from engram_workers.ingest import IngestSettings
+
+    monkeypatch.setenv("ENGRAM_LLM_EXTRA_BODY", '{"think": false}')
+    monkeypatch.setenv("ENGRAM_LLM_REASONING_EFFORT", "low")
+    settings = IngestSettings()
+    assert settings.llm_extra_body == {"think": False}
+    assert settings.llm_reasoning_effort == "low"

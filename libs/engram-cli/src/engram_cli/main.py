@@ -33,12 +33,18 @@ def _up_description() -> str:
 def _cmd_scripted_llm(args: argparse.Namespace) -> int:
     import time
 
+    from engram_cli.reply_styles import REPLY_STYLES, styled
     from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
 
     if args.keep < 1:
         print("engram scripted-llm: --keep must be at least 1", file=sys.stderr)
         return 2
-    upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply=args.reply)], keep=args.keep)
+    if args.reply_style not in REPLY_STYLES:
+        names = ", ".join(REPLY_STYLES)
+        print(f"engram scripted-llm: --reply-style must be one of {names}", file=sys.stderr)
+        return 2
+    brain = styled(RuleBasedBrain(chat_reply=args.reply), args.reply_style)
+    upstream = ScriptedUpstream(replies=[brain], keep=args.keep)
     upstream.port = args.port
     upstream.start()
     print(f"engram: scripted LLM at {upstream.base_url} (Ctrl-C stops)", flush=True)
@@ -147,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1000,
         help="requests remembered for GET /requests (the most recent; default 1000)",
+    )
+    scripted.add_argument(
+        "--reply-style",
+        default="plain",
+        metavar="STYLE",
+        help="answer the workers' tasks as a local model family writes them: plain "
+        "(default), think_with_draft, reasoning_field, fence_json, json5, refusal, ... "
+        "(docs/workers.md, 'Local models')",
     )
     scripted.set_defaults(func=_cmd_scripted_llm)
 

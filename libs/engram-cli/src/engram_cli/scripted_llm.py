@@ -55,7 +55,25 @@ class ToolCall:
         }
 
 
-Answer = str | UpstreamError | ToolCall
+@dataclass(frozen=True)
+class Completion:
+    """A scripted reply with what a reasoning model sends beside its text: its thinking in
+    ``reasoning_field`` (vLLM and LM Studio say ``reasoning_content``, Ollama
+    ``reasoning``), and ``finish_reason`` (``length``: cut at the token limit)."""
+
+    content: str
+    reasoning: str = ""
+    reasoning_field: str = "reasoning_content"
+    finish_reason: str = "stop"
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            message[self.reasoning_field] = self.reasoning
+        return message
+
+
+Answer = str | UpstreamError | ToolCall | Completion
 Reply = Answer | Callable[[dict[str, Any]], Answer]
 
 
@@ -152,7 +170,9 @@ class ScriptedUpstream:
             chunks = (
                 self._stream_tool_call(completion_id, created, text)
                 if isinstance(text, ToolCall)
-                else self._stream(completion_id, created, text)
+                else self._stream(
+                    completion_id, created, text.content if isinstance(text, Completion) else text
+                )
             )
             return StreamingResponse(chunks, media_type="text/event-stream")
         if isinstance(text, ToolCall):
@@ -162,6 +182,9 @@ class ScriptedUpstream:
                 "tool_calls": [{k: v for k, v in text.message_part().items() if k != "index"}],
             }
             finish, words = "tool_calls", 1
+        elif isinstance(text, Completion):
+            message, finish = text.message(), text.finish_reason
+            words = len(f"{text.reasoning} {text.content}".split())
         else:
             message, finish, words = (
                 {"role": "assistant", "content": text},

@@ -76,6 +76,12 @@ llm_fallbacks = meter.create_counter(
     description="Worker tasks that took their documented fallback instead of the model's "
     "answer (engram.llm.fallback says why).",
 )
+llm_tasks = meter.create_counter(
+    semconv.METRIC_LLM_TASKS,
+    unit="{task}",
+    description="Worker tasks asked of a model, by outcome (engram.llm.outcome: answered, "
+    "or the kind of fallback taken); engram status shows the fallback rate from it.",
+)
 search_stage_duration = meter.create_histogram(
     semconv.METRIC_SEARCH_STAGE_DURATION,
     unit="s",

@@ -2,9 +2,12 @@
 
 :class:`LlmClient` asks for JSON matching a pydantic schema. ``response_format`` with a
 ``json_schema`` is sent where the upstream supports it; an upstream that rejects it
-(HTTP 400 naming ``response_format``) is remembered and asked again without it. The
-reply is parsed tolerantly (code fences, prose around the object) and validated; an
-invalid reply is re-asked once with the validation error shown to the model.
+(HTTP 400 naming ``response_format``) is remembered and asked again without it.
+``ENGRAM_LLM_REASONING_EFFORT`` and ``ENGRAM_LLM_EXTRA_BODY`` go with every request (to
+turn a reasoning model's thinking down or off, per upstream: docs/workers.md, "Local
+models"). The reply is read the way local models write it (:mod:`engram_workers.replies`:
+reasoning set apart, fences, prose, JSON5-ish syntax) and validated; an unusable reply is
+re-asked once with the reason shown to the model.
 
 Prompts follow one convention that makes them easy to read in traces and to script in
 tests: the system message starts with ``engram-task: <task>`` and the user message is
@@ -24,26 +27,27 @@ live in :mod:`engram_workers.prompts`.
 
 A fallback never loses what the user said: ingest keeps the turn searchable (and
 ``engram reextract`` learns from it later), reconcile adds the facts, summarize writes
-a rule-based summary.
+a rule-based summary. Every outcome is counted by task and model (``engram.llm.tasks``;
+fallbacks also in ``engram.llm.fallbacks``), which ``engram status`` reads back.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import openai
 from openai.types.chat import ChatCompletionMessageParam
-from pydantic import BaseModel, Field, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from engram_core import metrics, semconv
 from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
 from engram_core.retry import TransientError
+from engram_workers.replies import ModelReply, UnusableReply, parse_reply
 from engram_workers.runtime import DependencyUnavailable, PermanentError
 
 log = get_logger(__name__)
@@ -54,6 +58,9 @@ Out = TypeVar("Out", bound=BaseModel)
 
 TASK_PREFIX = "engram-task:"
 JsonMode = Literal["auto", "json_schema", "json_object", "none"]
+ReasoningEffort = Literal["", "none", "minimal", "low", "medium", "high"]
+#: What the client itself sends; ENGRAM_LLM_EXTRA_BODY may not replace them.
+_OWN_FIELDS = frozenset({"model", "messages", "response_format", "temperature", "stream"})
 
 
 class LlmSettingsMixin(BaseModel):
@@ -74,6 +81,26 @@ class LlmSettingsMixin(BaseModel):
     llm_output_retries: int = Field(
         default=1, ge=0, le=5, description="Re-asks after an unparsable or invalid reply."
     )
+    llm_reasoning_effort: ReasoningEffort = Field(
+        default="",
+        description="Sent as reasoning_effort with every worker task when set: none turns "
+        "thinking off on Ollama's /v1 (and gpt-5.1); minimal or low on OpenAI reasoning "
+        "models and gpt-oss. Empty: not sent.",
+    )
+    llm_extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="JSON object merged into every worker task's request body, for an "
+        'upstream\'s own switches: {"chat_template_kwargs": {"enable_thinking": false}} '
+        "(vLLM, SGLang, llama.cpp with Qwen3), ...",
+    )
+
+    @field_validator("llm_extra_body")
+    @classmethod
+    def _leaves_the_clients_fields_alone(cls, body: dict[str, Any]) -> dict[str, Any]:
+        clashing = sorted(_OWN_FIELDS & body.keys())
+        if clashing:
+            raise ValueError(f"may not set {', '.join(clashing)}: the workers set them")
+        return body
 
 
 class LlmError(Exception):
@@ -90,28 +117,6 @@ class LlmRequestError(LlmError):
 
 class LlmOutputError(LlmError):
     """The model's reply could not be turned into the schema after all retries."""
-
-
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-
-
-def extract_json(text: str) -> Any:
-    """Parse the first JSON object or array in ``text`` (fences and prose tolerated)."""
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    for candidate in candidates:
-        candidate = candidate.strip()
-        try:
-            return json.loads(candidate)
-        except json.JSONDecodeError:
-            pass
-        for opener, closer in (("{", "}"), ("[", "]")):
-            start, end = candidate.find(opener), candidate.rfind(closer)
-            if 0 <= start < end:
-                try:
-                    return json.loads(candidate[start : end + 1])
-                except json.JSONDecodeError:
-                    continue
-    raise ValueError("no JSON object found in the reply")
 
 
 def _lenient_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -139,6 +144,9 @@ class LlmClient:
         self.default_model = settings.llm_model
         self.json_mode: JsonMode = settings.llm_json_mode
         self.output_retries = settings.llm_output_retries
+        self.extra_body: dict[str, Any] = dict(settings.llm_extra_body)
+        if settings.llm_reasoning_effort:
+            self.extra_body["reasoning_effort"] = settings.llm_reasoning_effort
         self._schema_rejected = False
 
     async def close(self) -> None:
@@ -160,15 +168,15 @@ class LlmClient:
         ]
         last_error = ""
         for attempt in range(self.output_retries + 1):
-            text = await self._complete(task, model, messages, schema)
+            reply = await self._complete(task, model, messages, schema)
             try:
-                return schema.model_validate(extract_json(text))
-            except (ValueError, ValidationError) as exc:
-                last_error = str(exc).splitlines()[0][:300]
+                return parse_reply(reply, schema)
+            except UnusableReply as exc:
+                last_error = str(exc)
                 log.warning("llm.output_invalid", task=task, attempt=attempt + 1, error=last_error)
                 messages = [
                     *messages,
-                    {"role": "assistant", "content": text[:4000]},
+                    {"role": "assistant", "content": reply.content[:4000]},
                     {
                         "role": "user",
                         "content": (
@@ -185,8 +193,8 @@ class LlmClient:
         model: str,
         messages: list[ChatCompletionMessageParam],
         schema: type[BaseModel],
-    ) -> str:
-        extra: dict[str, Any] = {}
+    ) -> ModelReply:
+        extra: dict[str, Any] = {"extra_body": self.extra_body} if self.extra_body else {}
         mode = self.json_mode
         if mode == "auto":
             mode = "json_object" if self._schema_rejected else "json_schema"
@@ -233,8 +241,16 @@ class LlmClient:
                 call.record_usage(reply.usage.prompt_tokens, reply.usage.completion_tokens)
             call.record_usage(None, None, reply.model or model)
             if not reply.choices:
-                return ""
-            return reply.choices[0].message.content or ""
+                return ModelReply("")
+            choice = reply.choices[0]
+            thought = getattr(choice.message, "reasoning_content", None) or getattr(
+                choice.message, "reasoning", None
+            )
+            return ModelReply(
+                choice.message.content or "",
+                reasoning=thought if isinstance(thought, str) else "",
+                truncated=choice.finish_reason == "length",
+            )
 
 
 def _error_type(exc: openai.APIError) -> str:
@@ -341,7 +357,16 @@ class AskLlm:
             raise PermanentError(
                 f"{exc}; fix the model settings, then replay this with `engram dlq replay`"
             ) from exc
+        metrics.llm_tasks.add(1, _outcome(task, model, "answered"))
         return Answered(output, model)
+
+
+def _outcome(task: LlmTask[Any, Any], model: str, outcome: str) -> dict[str, str]:
+    return {
+        semconv.ENGRAM_LLM_TASK: task.name,
+        semconv.GEN_AI_REQUEST_MODEL: model,
+        semconv.ENGRAM_LLM_OUTCOME: outcome,
+    }
 
 
 def _fell_back(
@@ -349,6 +374,12 @@ def _fell_back(
 ) -> FellBack:
     log.warning("llm.fallback", task=task.name, kind=kind, model=model, reason=reason)
     metrics.llm_fallbacks.add(
-        1, {semconv.ENGRAM_LLM_TASK: task.name, semconv.ENGRAM_LLM_FALLBACK: kind}
+        1,
+        {
+            semconv.ENGRAM_LLM_TASK: task.name,
+            semconv.ENGRAM_LLM_FALLBACK: kind,
+            semconv.GEN_AI_REQUEST_MODEL: model,
+        },
     )
+    metrics.llm_tasks.add(1, _outcome(task, model, kind))
     return FellBack(kind, reason, model)
