@@ -447,11 +447,13 @@ async def test_add_publishes_user_turns_and_reports_their_status(
         await statuses.update_if_followed("tenant-a", ids[1])
         waiting = (await http.get(f"/v1/events/{ids[0]}", headers=A)).json()
         assert (waiting["status"], waiting["stage"]) == ("pending", "reconcile")
-        await statuses.update_if_followed("tenant-a", proposal)
+        # reconcile took its fallback (the facts added as they were), and says why
+        unusable = "the model's answer was unusable (small): reconcile: …"
+        await statuses.update_if_followed("tenant-a", proposal, fallback=unusable)
         await statuses.update_if_followed("tenant-a", ids[0], follow_up="ignored-redelivery")
-    for event_id in ids:
+    for event_id, fallback in zip(ids, [unusable, None], strict=True):
         done = (await http.get(f"/v1/events/{event_id}", headers=A)).json()
-        assert (done["status"], done["stage"]) == ("applied", None)
+        assert (done["status"], done["stage"], done["fallback"]) == ("applied", None, fallback)
         assert done["applied_at"] >= done["accepted_at"]
 
 

@@ -11,6 +11,12 @@ nothing to propose, or when reconcile applied the facts ingest proposed from it
 Keys hash the tenant with the event id: another tenant asking for the same id reads
 a different key, and finds nothing.
 
+A task that took its documented fallback (the model's answers unusable, no model, the
+model down until the retry horizon) says so in ``fallback``, with the reason: a turn
+whose extraction fell back is ``skipped``, one whose reconcile fell back is ``applied``
+(its facts added as they were). Records without one are stored exactly as before the
+field existed, so a reader that predates it still reads them.
+
 The workers' updates are best effort (:func:`record_status`): retried while the bucket
 is unreachable for a bounded time, then given up with an error line. A status store
 that is down must never hold back or drop the facts themselves; a followed event whose
@@ -55,14 +61,36 @@ class EventStatus(BaseModel):
     applied_at: datetime | None = None
     follow_up: str = Field(default="", description="The event this one now waits for.")
     reason: str = Field(default="", description="Why nothing was learned (status skipped).")
+    fallback: str = Field(
+        default="",
+        description="Set when a task took its documented fallback instead of the model's "
+        "answer: which task, and why.",
+    )
 
-    def applied(self) -> EventStatus:
-        return self.model_copy(update={"status": "applied", "stage": None, "applied_at": utcnow()})
-
-    def skipped(self, reason: str) -> EventStatus:
+    def applied(self, fallback: str = "") -> EventStatus:
         return self.model_copy(
-            update={"status": "skipped", "stage": None, "applied_at": utcnow(), "reason": reason}
+            update={
+                "status": "applied",
+                "stage": None,
+                "applied_at": utcnow(),
+                "fallback": fallback,
+            }
         )
+
+    def skipped(self, reason: str, fallback: str = "") -> EventStatus:
+        return self.model_copy(
+            update={
+                "status": "skipped",
+                "stage": None,
+                "applied_at": utcnow(),
+                "reason": reason,
+                "fallback": fallback,
+            }
+        )
+
+    def stored(self) -> bytes:
+        """The record as JSON; without ``fallback`` when there is none (as before it)."""
+        return self.model_dump_json(exclude=None if self.fallback else {"fallback"}).encode()
 
     def waiting_for(self, event_id: str) -> EventStatus:
         return self.model_copy(update={"stage": "reconcile", "follow_up": event_id})
@@ -94,7 +122,7 @@ class EventStatusStore:
         return EventStatus.model_validate_json(entry.value)
 
     async def put(self, tenant: str, event_id: str, status: EventStatus) -> None:
-        await self._kv.put(status_key(tenant, event_id), status.model_dump_json().encode())
+        await self._kv.put(status_key(tenant, event_id), status.stored())
 
     async def register(self, tenant: str, event_id: str) -> None:
         """Follow an event about to be published (the gateway's side)."""
@@ -103,19 +131,26 @@ class EventStatusStore:
         )
 
     async def update_if_followed(
-        self, tenant: str, event_id: str, *, follow_up: str = "", skipped: str = ""
+        self,
+        tenant: str,
+        event_id: str,
+        *,
+        follow_up: str = "",
+        skipped: str = "",
+        fallback: str = "",
     ) -> None:
         """The workers' side: a followed event is applied, skipped (``skipped``: why no
         facts were learned), or (``follow_up``) now waits for the event it causes, which
         becomes followed too — call this *before* publishing that event, or its worker
-        could finish before it is followed. Unfollowed events: no-op."""
+        could finish before it is followed. ``fallback``: the task took its fallback, and
+        why. Unfollowed events: no-op."""
         current = await self.get(tenant, event_id)
         # Done, or already waiting for its follow-up (a redelivery): nothing to add,
         # and re-writing the follow-up could undo reconcile's "applied".
         if current is None or current.status != "pending" or current.follow_up:
             return
         if skipped:
-            await self.put(tenant, event_id, current.skipped(skipped))
+            await self.put(tenant, event_id, current.skipped(skipped, fallback))
         elif follow_up:
             await self.put(
                 tenant,
@@ -124,7 +159,7 @@ class EventStatusStore:
             )
             await self.put(tenant, event_id, current.waiting_for(follow_up))
         else:
-            await self.put(tenant, event_id, current.applied())
+            await self.put(tenant, event_id, current.applied(fallback))
 
 
 async def record_status(
@@ -135,6 +170,7 @@ async def record_status(
     followed: bool | None,
     follow_up: str = "",
     skipped: str = "",
+    fallback: str = "",
     budget_s: float,
 ) -> bool:
     """:meth:`EventStatusStore.update_if_followed`, retried for ``budget_s`` while the
@@ -146,7 +182,7 @@ async def record_status(
     try:
         await retry_transient(
             lambda: statuses.update_if_followed(
-                tenant, event_id, follow_up=follow_up, skipped=skipped
+                tenant, event_id, follow_up=follow_up, skipped=skipped, fallback=fallback
             ),
             budget_s=budget_s,
         )

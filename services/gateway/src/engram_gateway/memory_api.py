@@ -570,6 +570,7 @@ async def event_status(
             status=status.status,
             stage=status.stage if status.status == "pending" else None,
             reason=status.reason or None,
+            fallback=status.fallback or None,
             accepted_at=status.accepted_at,
             applied_at=status.applied_at,
         )

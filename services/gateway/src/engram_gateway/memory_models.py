@@ -177,6 +177,11 @@ class EventOut(BaseModel):
         description="While pending: indexing + extraction, or reconciling the facts found."
     )
     reason: str | None = Field(default=None, description="Why it was skipped.")
+    fallback: str | None = Field(
+        default=None,
+        description="Set when a worker task took its documented fallback instead of the "
+        "model's answer (which task, and why): reconcile's adds the facts as they were.",
+    )
     accepted_at: datetime | None
     applied_at: datetime | None
 

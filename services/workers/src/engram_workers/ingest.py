@@ -179,6 +179,7 @@ async def record_status(
     *,
     follow_up: str = "",
     skipped: str = "",
+    fallback: str = "",
 ) -> None:
     """A followed turn (``POST /v1/memories/add``) is applied, skipped, or waits for
     ``follow_up``. Unfollowed turns (chats) cost nothing. Best effort: a status
@@ -194,6 +195,7 @@ async def record_status(
         followed=event.followed,
         follow_up=follow_up,
         skipped=skipped,
+        fallback=fallback,
         budget_s=resources.settings.retry_policy.publish_retry_s,
     )
 
@@ -219,7 +221,12 @@ async def extract_and_propose(
         ask, message=event.text, date=event.created_at, context=context
     )
     if isinstance(extracted, FellBack):
-        await record_status(event, resources, skipped=f"{extracted.reason}; {REEXTRACT_HINT}")
+        await record_status(
+            event,
+            resources,
+            skipped=f"{extracted.reason}; {REEXTRACT_HINT}",
+            fallback=extracted.reason,
+        )
         return
     facts, profile = extracted.facts, extracted.profile
     log.info("extraction.done", memory_id=memory_id, facts=len(facts), profile=len(profile))

@@ -152,6 +152,8 @@ class Reconciler:
         self.neighbourhood = Neighbourhood(
             self.memories, proposal, self.settings.reconcile_neighbours
         )
+        #: Why the decisions were the fallback's (every fact added), when they were.
+        self.fallback = ""
 
     async def run(self) -> list[MemoryChanged]:
         tenant = self.proposal.tenant
@@ -229,6 +231,7 @@ class Reconciler:
             last_chance=self.delivery.last_chance,
         )
         decided = await core.decide(facts, shown, ask)
+        self.fallback = decided.fallback
         for r in decided.rejected:
             log.warning(
                 "reconcile.rejected_decision",
@@ -265,7 +268,8 @@ async def reconcile_facts(event: FactProposed, delivery: ReconcileDelivery) -> N
                 # Profiles span the user's conversations: one more lock, always taken
                 # second, so two holders can never wait on each other.
                 await stack.enter_async_context(locks.hold(event.tenant, "profile", event.user_id))
-            changes = await Reconciler(event, delivery, resources).run()
+            reconciler = Reconciler(event, delivery, resources)
+            changes = await reconciler.run()
             # Still under the lock, so one conversation's announcements stay in order.
             for change in changes:
                 await delivery.worker.publish(change)
@@ -277,6 +281,7 @@ async def reconcile_facts(event: FactProposed, delivery: ReconcileDelivery) -> N
             event.tenant,
             event.event_id,
             followed=event.followed,
+            fallback=reconciler.fallback,
             budget_s=delivery.worker.retry_policy.publish_retry_s,
         )
 
