@@ -552,6 +552,7 @@ async def test_status_when_nothing_runs(env: Path, capsys: pytest.CaptureFixture
     assert status["services"]["retrieval"]["status"] == "unreachable"
     assert "unreachable" in status["jetstream"]["error"]
     assert status["memories"] == {"error": "retrieval down"}
+    assert status["model_tasks"] == {"error": "no /metrics from ingest, reconcile, summarize"}
 
 
 # --- export --mirror ------------------------------------------------------------------------

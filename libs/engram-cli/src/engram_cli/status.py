@@ -5,7 +5,11 @@
 - per worker, its durable JetStream consumer on the ``ENGRAM`` stream: ``num_pending``
   (not yet delivered), ``num_ack_pending`` (delivered, not yet acknowledged),
   ``num_redelivered``;
-- memories per kind for a tenant (retrieval ``Count``, current versions and all).
+- memories per kind for a tenant (retrieval ``Count``, current versions and all);
+- the workers' model tasks per task and model: how many were asked, how many took their
+  fallback and why (``engram.llm.tasks`` on each model-calling worker's ``/metrics``,
+  counted since that worker started) — a small local model whose answers cannot be
+  used shows up here before anyone misses a fact.
 
 Exit status 0 when every service answered ready, 1 otherwise.
 """
@@ -22,6 +26,7 @@ from typing import Any, TextIO
 from urllib.parse import urlparse
 
 import httpx2
+from prometheus_client.parser import text_string_to_metric_families
 
 from engram_cli.cli_common import (
     WORKERS,
@@ -42,6 +47,9 @@ from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import parse_nats_urls
 
 TIMEOUT_S = 2.0
+#: The workers that ask a model, whose /metrics count the tasks.
+MODEL_WORKERS = ("ingest", "reconcile", "summarize")
+_TASKS_SAMPLE = "engram_llm_tasks_total"
 
 
 async def _http_ready(http: httpx2.AsyncClient, url: str) -> dict[str, Any]:
@@ -127,19 +135,69 @@ async def _counts(client: RetrievalClient, tenant: str) -> dict[str, Any]:
     }
 
 
+def model_task_rates(exposition: str) -> list[dict[str, Any]]:
+    """Per (task, model): tasks asked, answered, fallbacks by kind and their rate, from
+    Prometheus text holding ``engram.llm.tasks`` (several workers' texts concatenated)."""
+    counts: dict[tuple[str, str], dict[str, float]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name != _TASKS_SAMPLE:
+                continue
+            labels = sample.labels
+            key = (labels.get("engram_llm_task", ""), labels.get("gen_ai_request_model", ""))
+            outcome = labels.get("engram_llm_outcome", "")
+            by_outcome = counts.setdefault(key, {})
+            by_outcome[outcome] = by_outcome.get(outcome, 0.0) + sample.value
+    rows = []
+    for (task, model), by_outcome in sorted(counts.items()):
+        asked = int(sum(by_outcome.values()))
+        fallbacks = {k: int(v) for k, v in sorted(by_outcome.items()) if k != "answered" and v}
+        fell_back = sum(fallbacks.values())
+        rows.append(
+            {
+                "task": task,
+                "model": model,
+                "asked": asked,
+                "fell_back": fell_back,
+                "fallback_rate": round(fell_back / asked, 3) if asked else 0.0,
+                "fallbacks": fallbacks,
+            }
+        )
+    return rows
+
+
+async def _model_tasks(http: httpx2.AsyncClient, ports: dict[str, int]) -> dict[str, Any]:
+    texts, unreachable = [], []
+    for worker in MODEL_WORKERS:
+        try:
+            response = await http.get(f"http://127.0.0.1:{ports[worker]}/metrics")
+        except httpx2.HTTPError:
+            unreachable.append(worker)
+            continue
+        if response.status_code == 200:
+            texts.append(response.text)
+        else:
+            unreachable.append(worker)
+    if not texts:
+        return {"error": f"no /metrics from {', '.join(MODEL_WORKERS)}"}
+    result: dict[str, Any] = {"tasks": model_task_rates("\n".join(texts))}
+    if unreachable:
+        result["unreachable"] = unreachable
+    return result
+
+
 async def collect_status(settings: CliSettings, tenant: str) -> dict[str, Any]:
     client = RetrievalClient(settings.retrieval_address, timeout_s=TIMEOUT_S)
     gateway = settings.gateway_url.rstrip("/")
     async with httpx2.AsyncClient(timeout=TIMEOUT_S) as http:
         try:
-            worker_urls = {
-                w: f"http://127.0.0.1:{port}/readyz"
-                for w, port in settings.worker_health_ports().items()
-            }
-            gateway_ready, serving, consumers, *workers = await asyncio.gather(
+            ports = settings.worker_health_ports()
+            worker_urls = {w: f"http://127.0.0.1:{port}/readyz" for w, port in ports.items()}
+            gateway_ready, serving, consumers, model_tasks, *workers = await asyncio.gather(
                 _http_ready(http, f"{gateway}/readyz"),
                 client.is_serving(timeout_s=TIMEOUT_S),
                 _consumers(settings.nats_url),
+                _model_tasks(http, ports),
                 *(_http_ready(http, url) for url in worker_urls.values()),
             )
             counts = await _counts(client, tenant) if serving else {"error": "retrieval down"}
@@ -153,7 +211,12 @@ async def collect_status(settings: CliSettings, tenant: str) -> dict[str, Any]:
         },
     }
     services.update(dict(zip(WORKERS, workers, strict=True)))
-    return {"services": services, "jetstream": consumers, "memories": counts}
+    return {
+        "services": services,
+        "jetstream": consumers,
+        "memories": counts,
+        "model_tasks": model_tasks,
+    }
 
 
 def all_ready(status: dict[str, Any]) -> bool:
@@ -189,6 +252,30 @@ def print_status(status: dict[str, Any], out: TextIO) -> None:
             f"{counts['superseded']} superseded",
             file=out,
         )
+    print_model_tasks(status["model_tasks"], out)
+
+
+def print_model_tasks(model_tasks: dict[str, Any], out: TextIO) -> None:
+    if "error" in model_tasks:
+        print(f"model tasks: {model_tasks['error']}", file=out)
+        return
+    if not model_tasks["tasks"]:
+        print("model tasks: none asked yet", file=out)
+        return
+    rows = [
+        [
+            row["task"],
+            row["model"] or "(none)",
+            row["asked"],
+            row["fell_back"],
+            f"{row['fallback_rate']:.0%}",
+            ", ".join(f"{kind} {n}" for kind, n in row["fallbacks"].items()),
+        ]
+        for row in model_tasks["tasks"]
+    ]
+    columns = ["task", "model", "asked", "fell back", "rate", "why"]
+    title = "model tasks since each worker started (docs/workers.md, 'Local models')"
+    print_table(columns, rows, title=title, out=out)
 
 
 def add_status_parser(
