@@ -76,3 +76,47 @@ async def _documented(client: Client) -> None:
         "engram://users/{user}/conversations/{conversation}/summary",
         "engram://conversations/{conversation}/summary",
     }
+
+
+@asynccontextmanager
+async def recording() -> AsyncIterator[tuple[Client, list[str]]]:
+    """The SDK client of a server whose gateway answers every call with an empty memory
+    and records the paths it was asked for."""
+    paths: list[str] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        paths.append(request.url.raw_path.decode())
+        return httpx2.Response(200, json={"id": "m", "text": "", "data": []})
+
+    transport = httpx2.MockTransport(answer)
+    async with (
+        httpx2.AsyncClient(base_url="http://gateway", transport=transport) as http,
+        Client(build_mcp_server(GatewayApi(http))) as client,
+    ):
+        yield client, paths
+
+
+async def test_a_memory_id_that_is_not_a_uuid_never_becomes_a_path() -> None:
+    async with recording() as (client, paths):
+        for tool in ("get_memory", "update_memory", "delete_memory"):
+            for memory_id in ("../../v1/users", "x/../../users", "%2e%2e%2fusers", "a?b=c"):
+                result = await client.call_tool(tool, {"memory_id": memory_id, "text": "t"})
+                assert result.is_error, (tool, memory_id)
+                assert "is not a UUID" in result.content[0].text
+        assert paths == []
+
+        spelled = "{ABCDEF01-2345-6789-ABCD-EF0123456789}"
+        await client.call_tool("get_memory", {"memory_id": spelled, "include_history": True})
+        canonical = "abcdef01-2345-6789-abcd-ef0123456789"
+        assert paths == [f"/v1/memories/{canonical}", f"/v1/memories/{canonical}/history"]
+
+
+async def test_user_ids_are_normalised_before_any_call() -> None:
+    async with recording() as (client, paths):
+        blank = await client.call_tool("get_profile", {"user": "   "})
+        assert blank.is_error and "must not be blank" in blank.content[0].text
+        assert paths == []
+        profile = await client.call_tool("get_profile", {"user": " Jose\u0301 "})
+        assert not profile.is_error
+        assert profile.structured_content["user"] == "Jos\u00e9"
+        assert paths == ["/v1/memories?user=Jos%C3%A9&kind=profile&limit=500"]

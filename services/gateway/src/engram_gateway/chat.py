@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import suppress
 from typing import Any
 
@@ -31,7 +31,7 @@ from engram_core.memory import GLOBAL_CONVERSATION, is_tenant_wide
 from engram_gateway.bodies import check_text_size, parse_json_object, read_body
 from engram_gateway.chat_schema import chat_openapi
 from engram_gateway.client_hints import apply_client_hints
-from engram_gateway.controls import split_memory_controls
+from engram_gateway.controls import chat_user, split_memory_controls
 from engram_gateway.errors import SERVICE_UNAVAILABLE, UPSTREAM_ERROR, GatewayError, bad_request
 from engram_gateway.recall import (
     MEMORY_HEADER,
@@ -57,7 +57,6 @@ log = get_logger(__name__)
 router = APIRouter()
 
 TURN_HEADER = "X-Engram-Assistant-Turn"
-MAX_USER_CHARS = 256
 
 
 def validate_chat_body(body: dict[str, Any]) -> None:
@@ -86,17 +85,6 @@ def validate_chat_body(body: dict[str, Any]) -> None:
         raise bad_request("user must be a string.", param="user")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise bad_request("stream must be a boolean.", param="stream")
-
-
-def chat_user(body: dict[str, Any], headers: Mapping[str, str], user_header: str) -> str:
-    """Whose memory: the body's ``user``, else the configured user header (what Open
-    WebUI forwards), else no user."""
-    user = body.get("user") or (headers.get(user_header, "") if user_header else "")
-    if len(user) > MAX_USER_CHARS or any(ord(ch) < 32 or ord(ch) == 127 for ch in user):
-        raise bad_request(
-            f"user must be at most {MAX_USER_CHARS} printable characters.", param="user"
-        )
-    return str(user)
 
 
 def assistant_text(payload: dict[str, Any]) -> str:

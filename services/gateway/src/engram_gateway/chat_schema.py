@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engram_gateway.controls import USER_ID_SCHEMA
 from engram_gateway.memory_models import ErrorResponse
 
 _FRACTION = {"type": "number", "minimum": 0, "maximum": 1}
@@ -34,7 +35,7 @@ CHAT_REQUEST_SCHEMA: dict[str, Any] = {
             },
         },
         "stream": {"type": "boolean"},
-        "user": {"type": "string"},
+        "user": USER_ID_SCHEMA,
         "memory": {"type": "boolean"},
         "memory_id": {
             "type": "string",

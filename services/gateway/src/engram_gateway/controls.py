@@ -5,14 +5,29 @@ Precedence, per control: request body, then header, then the operator's default
 (``ENGRAM_GATEWAY_MEMORY_*``), then the retrieval service's own default. The body wins
 because it is the most specific: an SDK call's ``extra_body`` overrides a header an
 HTTP client or proxy set for every request.
+
+User ids (:data:`UserId`, :func:`chat_user`) are normalised here, once, for every way a
+user is named (the chat's ``user`` and user header, the memory API, browsing, MCP):
+Unicode NFC and trimmed, so "José" typed as one code point or as ``e`` + a combining
+accent is one user. Empty means no user; a value that is blank once trimmed, longer
+than 256 characters or holding control characters is refused (400), never guessed at.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from engram_core.memory import DEFAULT_CONVERSATION
 from engram_gateway.errors import GatewayError, bad_request
@@ -59,6 +74,58 @@ ConversationId = Annotated[
 TopK = Annotated[int, Strict(), Field(ge=1, le=100)]
 Fraction = Annotated[float, Strict(), Field(ge=0, le=1)]
 Switch = Annotated[bool, Strict()]
+
+MAX_USER_CHARS = 256
+
+
+def normalize_user_id(value: str) -> str:
+    """The one spelling of a user id: NFC, trimmed; ``""`` (no user) stays ``""``.
+
+    ``ValueError`` for a blank (whitespace-only) id, one over :data:`MAX_USER_CHARS`
+    characters, or one holding control characters."""
+    if not value:
+        return ""
+    if len(value) > 4 * MAX_USER_CHARS:  # before normalising: bounded work for any input
+        raise ValueError(f"must be at most {MAX_USER_CHARS} characters")
+    user = unicodedata.normalize("NFC", value).strip()
+    if not user:
+        raise ValueError("must not be blank: omit it, or send '' for no user")
+    if len(user) > MAX_USER_CHARS:
+        raise ValueError(f"must be at most {MAX_USER_CHARS} characters")
+    if any(unicodedata.category(ch) == "Cc" for ch in user):
+        raise ValueError("must not contain control characters")
+    return user
+
+
+#: What the OpenAPI schema says of a user id (the validator says the rest).
+USER_ID_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "maxLength": MAX_USER_CHARS,
+    "description": "A user id, compared after Unicode NFC and trimming; '' is no user, a "
+    "blank one is refused.",
+}
+UserId = Annotated[str, AfterValidator(normalize_user_id), WithJsonSchema(USER_ID_SCHEMA)]
+
+
+def _header_text(raw: str) -> str:
+    # HTTP servers decode header bytes as latin-1; a client that sent UTF-8 (a person's
+    # name, say) means the UTF-8 text.
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return raw
+
+
+def chat_user(body: Mapping[str, Any], headers: Mapping[str, str], user_header: str) -> str:
+    """Whose memory a chat is: the body's ``user``, else the configured user header (what
+    Open WebUI forwards), else no user; normalised (400 naming the source when invalid)."""
+    raw, source = body.get("user") or "", "user"
+    if not raw and user_header:
+        raw, source = _header_text(headers.get(user_header, "")), user_header
+    try:
+        return normalize_user_id(str(raw))
+    except ValueError as exc:
+        raise bad_request(f"Invalid {source}: {exc}.", param=source, code="invalid_user") from None
 
 
 class MemoryControls(BaseModel):

@@ -6,7 +6,9 @@ HTTP; :mod:`engram_gateway.mcp_http`), where each tool calls the gateway's own A
 in-process with the caller's ``Authorization``; ``engram mcp`` serves it on stdio and
 calls a running gateway over the network with the configured key. Either way the API
 key decides the tenant, exactly as for any HTTP caller, and an API error reaches the
-agent as a tool error carrying the API's message.
+agent as a tool error carrying the API's message. Arguments are checked before any call:
+an id is a UUID (so ``get_memory("../../v1/users")`` is refused, never a request to
+another path) and a user id is normalised as the API does (engram_gateway.controls).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
+from engram_gateway.controls import UserId
+from engram_gateway.ids import MemoryId, canonical_uuid
+
 SERVER_NAME = "engram"
 INSTRUCTIONS = (
     "Engram is the user's long-term memory. Call search_memory before answering anything "
@@ -40,9 +45,8 @@ PROFILE_PAGE = 500
 
 Kind = Literal["turn", "fact", "profile", "summary", "episode"]
 UserArg = Annotated[
-    str,
+    UserId,
     Field(
-        max_length=256,
         description="The user the memory belongs to (the chat's `user` field). Empty: "
         "memories that belong to no user (tenant-wide).",
     ),
@@ -65,9 +69,6 @@ NewConversationArg = Annotated[
         "'default' for a user; without a user, 'global', the tenant-wide memory every "
         "user's chats recall.",
     ),
-]
-MemoryIdArg = Annotated[
-    str, Field(min_length=1, max_length=64, description="The memory's id (a UUID).")
 ]
 TagsArg = Annotated[
     list[str] | None,
@@ -202,9 +203,8 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
     async def list_memories(
         ctx: Context,
         user: Annotated[
-            str | None,
+            UserId | None,
             Field(
-                max_length=256,
                 description="Only this user's memories ('' for those without a user); "
                 "unset: any user.",
             ),
@@ -256,7 +256,7 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
 
     @server.tool(annotations=read_only)
     async def get_memory(
-        memory_id: MemoryIdArg,
+        memory_id: MemoryId,
         ctx: Context,
         include_history: Annotated[
             bool,
@@ -364,7 +364,7 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         )
     )
     async def update_memory(
-        memory_id: MemoryIdArg,
+        memory_id: MemoryId,
         ctx: Context,
         text: Annotated[str | None, Field(description="The new text (re-embedded).")] = None,
         tags: Annotated[
@@ -378,7 +378,7 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         return await _call(api, ctx, "PATCH", f"/v1/memories/{memory_id}", body=body)
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
-    async def delete_memory(memory_id: MemoryIdArg, ctx: Context) -> dict[str, Any]:
+    async def delete_memory(memory_id: MemoryId, ctx: Context) -> dict[str, Any]:
         """Forget a memory for good, together with its history versions. Returns
         `deleted_ids`."""
         return await _call(api, ctx, "DELETE", f"/v1/memories/{memory_id}")
@@ -394,7 +394,9 @@ async def _event_statuses(
 ) -> list[dict[str, Any]]:
     deadline = time.monotonic() + wait_s
     while True:
-        events = [await _call(api, ctx, "GET", f"/v1/events/{e}") for e in event_ids]
+        events = [
+            await _call(api, ctx, "GET", f"/v1/events/{canonical_uuid(e)}") for e in event_ids
+        ]
         if _overall(events) != "pending" or time.monotonic() >= deadline:
             return events
         await asyncio.sleep(POLL_INTERVAL_S)

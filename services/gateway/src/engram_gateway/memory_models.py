@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
 from engram_core.timestamps import RANGE_TEXT, StorableDatetime
-from engram_gateway.controls import ConversationId, Fraction, Switch, TopK
+from engram_gateway.controls import ConversationId, Fraction, Switch, TopK, UserId
 
 Tag = Annotated[
     str,
@@ -23,7 +23,6 @@ Tag = Annotated[
         strip_whitespace=True, min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$"
     ),
 ]
-UserId = Annotated[str, StringConstraints(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
 Tags = Annotated[list[Tag], Field(max_length=32)]
 
 
