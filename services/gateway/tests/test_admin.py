@@ -1,5 +1,6 @@
-"""The read-only admin endpoints against the real nats-server, with two tenants: queue
-numbers of the workers' durable consumers, and each tenant's own dead letters only."""
+"""The read-only admin endpoints against the real nats-server, with two tenants and an
+operator's (admin) key: queue numbers of the workers' durable consumers and every
+tenant's dead letters, for the admin key only; a tenant's ordinary key gets a 403."""
 
 from __future__ import annotations
 
@@ -22,10 +23,17 @@ from engram_gateway.keys import entry_for
 
 from .conftest import RunningGateway, StartGateway
 
-KEY_A, KEY_B = "key-of-tenant-a", "key-of-tenant-b"
+KEY_A, KEY_B, KEY_OPS = "key-of-tenant-a", "key-of-tenant-b", "key-of-the-operator"
 A = {"Authorization": f"Bearer {KEY_A}"}
 B = {"Authorization": f"Bearer {KEY_B}"}
-KEYS = f"{entry_for(KEY_A, 'tenant-a')},{entry_for(KEY_B, 'tenant-b')}"
+OPS = {"Authorization": f"Bearer {KEY_OPS}"}
+KEYS = ",".join(
+    (
+        entry_for(KEY_A, "tenant-a"),
+        entry_for(KEY_B, "tenant-b"),
+        entry_for(KEY_OPS, "ops", admin=True),
+    )
+)
 FAILED_AT = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
 
@@ -67,7 +75,7 @@ async def dead_letter(nats_url: str, worker: str, event: TurnPersisted | None, r
         await nc.close()
 
 
-async def test_dead_letters_are_shown_to_their_tenant_only(
+async def test_an_admin_key_sees_every_tenants_dead_letters_and_can_select_one(
     http: httpx2.AsyncClient, nats_url: str
 ) -> None:
     event_a = turn("tenant-a", "trip")
@@ -76,7 +84,7 @@ async def test_dead_letters_are_shown_to_their_tenant_only(
     await dead_letter(nats_url, "reconcile", turn("tenant-b"), "b's other failure")
     await dead_letter(nats_url, "ingest", None, "malformed event: body: Invalid JSON")
 
-    response = await http.get("/v1/admin/dead-letters", headers=A)
+    response = await http.get("/v1/admin/dead-letters?tenant=tenant-a", headers=OPS)
     assert response.status_code == 200, response.text
     assert response.json() == {
         "object": "list",
@@ -84,6 +92,7 @@ async def test_dead_letters_are_shown_to_their_tenant_only(
             {
                 "id": seq_a,
                 "worker": "ingest",
+                "tenant": "tenant-a",
                 "subject": TurnPersisted.subject,
                 "reason": "retrieval Upsert failed: INVALID",
                 "deliveries": 3,
@@ -94,15 +103,20 @@ async def test_dead_letters_are_shown_to_their_tenant_only(
         ],
     }
 
-    seen_by_b = (await http.get("/v1/admin/dead-letters", headers=B)).json()["data"]
-    assert sorted(letter["reason"] for letter in seen_by_b) == ["b's failure", "b's other failure"]
-    only_reconcile = await http.get("/v1/admin/dead-letters?worker=reconcile&limit=5", headers=B)
-    assert [d["worker"] for d in only_reconcile.json()["data"]] == ["reconcile"]
-    first = await http.get("/v1/admin/dead-letters?limit=1", headers=B)
+    every = (await http.get("/v1/admin/dead-letters", headers=OPS)).json()["data"]
+    assert [(d["tenant"], d["reason"]) for d in every] == [
+        ("tenant-a", "retrieval Upsert failed: INVALID"),
+        ("tenant-b", "b's failure"),
+        ("tenant-b", "b's other failure"),
+        (None, "malformed event: body: Invalid JSON"),
+    ]
+    of_b = await http.get("/v1/admin/dead-letters?tenant=tenant-b&worker=reconcile", headers=OPS)
+    assert [d["reason"] for d in of_b.json()["data"]] == ["b's other failure"]
+    first = await http.get("/v1/admin/dead-letters?tenant=tenant-b&limit=1", headers=OPS)
     assert [d["reason"] for d in first.json()["data"]] == ["b's failure"]  # oldest first
 
 
-async def test_consumers_report_queue_numbers_and_the_callers_dead_letters(
+async def test_consumers_report_queue_numbers_and_dead_letters_to_an_admin(
     http: httpx2.AsyncClient, nats_url: str
 ) -> None:
     for name, subject in (("ingest", TurnPersisted.subject), ("reconcile", FactProposed.subject)):
@@ -130,30 +144,57 @@ async def test_consumers_report_queue_numbers_and_the_callers_dead_letters(
     await dead_letter(nats_url, "ingest", turn("tenant-b"), "b")
     await dead_letter(nats_url, "reconcile", turn("tenant-b"), "b")
 
-    for headers, ingest_letters, reconcile_letters in ((A, 1, 0), (B, 1, 1)):
-        response = await http.get("/v1/admin/consumers", headers=headers)
-        assert response.status_code == 200, response.text
-        body = response.json()
-        assert body["object"] == "list"
-        by_worker = {c["worker"]: c for c in body["data"]}
-        assert set(by_worker) == {"ingest", "reconcile"}
-        assert by_worker["ingest"] == {
-            "worker": "ingest",
-            "subject": TurnPersisted.subject,
-            "pending": 2,
-            "ack_pending": 0,
-            "redelivered": 0,
-            "dead_letters": ingest_letters,
-        }
-        assert by_worker["reconcile"]["subject"] == FactProposed.subject
-        assert by_worker["reconcile"]["dead_letters"] == reconcile_letters
+    response = await http.get("/v1/admin/consumers", headers=OPS)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list"
+    by_worker = {c["worker"]: c for c in body["data"]}
+    assert set(by_worker) == {"ingest", "reconcile"}
+    assert by_worker["ingest"] == {
+        "worker": "ingest",
+        "subject": TurnPersisted.subject,
+        "pending": 2,
+        "ack_pending": 0,
+        "redelivered": 0,
+        "dead_letters": 2,
+    }
+    assert by_worker["reconcile"]["subject"] == FactProposed.subject
+    assert by_worker["reconcile"]["dead_letters"] == 1
+
+
+async def test_a_tenants_key_is_refused_every_admin_view(
+    http: httpx2.AsyncClient, nats_url: str
+) -> None:
+    await dead_letter(nats_url, "ingest", turn("tenant-a"), "a's failure")
+    for headers in (A, B):
+        for path in (
+            "/v1/admin/consumers",
+            "/v1/admin/dead-letters",
+            "/v1/admin/dead-letters?tenant=tenant-a",
+            "/v1/admin/dead-letters?limit=0",  # refused before its parameters are read
+        ):
+            response = await http.get(path, headers=headers)
+            assert response.status_code == 403, (path, response.text)
+            error = response.json()["error"]
+            assert (error["type"], error["code"]) == ("permission_error", "admin_key_required")
+            assert "admin key" in error["message"]
+            assert "tenant-a" not in response.text and "pending" not in response.text
 
 
 async def test_admin_views_need_a_key_and_valid_parameters(http: httpx2.AsyncClient) -> None:
     assert (await http.get("/v1/admin/consumers")).status_code == 401
-    for query in ("limit=0", "limit=abc", "worker=../x", "colour=red"):
-        response = await http.get(f"/v1/admin/dead-letters?{query}", headers=A)
+    for query in ("limit=0", "limit=abc", "worker=../x", "tenant=../x", "colour=red"):
+        response = await http.get(f"/v1/admin/dead-letters?{query}", headers=OPS)
         assert response.status_code == 400, (query, response.text)
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-    empty = await http.get("/v1/admin/dead-letters", headers=A)
+    empty = await http.get("/v1/admin/dead-letters", headers=OPS)
     assert empty.json() == {"object": "list", "data": []}
+
+
+async def test_without_keys_the_local_operator_is_the_admin(
+    start_gateway: StartGateway,
+) -> None:
+    local = (await start_gateway()).client()
+    for path in ("/v1/admin/consumers", "/v1/admin/dead-letters"):
+        response = await local.get(path)
+        assert response.status_code == 200, (path, response.text)

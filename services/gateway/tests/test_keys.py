@@ -17,7 +17,7 @@ import httpx2
 import pytest
 
 from engram_core.settings import ConfigError, load_settings
-from engram_gateway.keys import KeyTable, entry_for, key_hash
+from engram_gateway.keys import Caller, KeyTable, entry_for, key_hash
 from engram_gateway.settings import GatewaySettings
 from engram_testing.worker_stack import running_retrieval
 
@@ -38,9 +38,30 @@ def test_entries_parse_and_resolve() -> None:
     assert "sha256" not in repr(table) and key_hash("k1") not in str(table)
 
 
+def test_an_admin_entry_names_its_tenant_and_the_role() -> None:
+    table = KeyTable.parse(
+        f"{entry_for('k1', 'acme')}\n{entry_for('ops', 'acme', admin=True)}\n"
+        f"sha256:{key_hash('k2')}=beta : admin"
+    )
+    assert entry_for("ops", "acme", admin=True).endswith("=acme:admin")
+    assert table.caller_for("k1") == Caller("acme", admin=False)
+    assert table.caller_for("ops") == Caller("acme", admin=True)
+    assert table.caller_for("k2") == Caller("beta", admin=True)
+    assert table.tenant_for("ops") == "acme"
+    assert table.caller_for("nobody") is None
+    assert "2 admin" in repr(table)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
+        (f"sha256:{key_hash('k2')}=acme:root", "unknown role 'root'"),
+        (f"sha256:{key_hash('k2')}=acme:", "unknown role ''"),
+        (f"sha256:{key_hash('k2')}=:admin", "empty tenant"),
+        (
+            f"{entry_for('k2', 'acme')},{entry_for('k2', 'acme', admin=True)}",
+            "with and without :admin",
+        ),
         ("", "no key entries"),
         ("# only a comment", "no key entries"),
         ("k1=acme", "entry 1 is not"),
@@ -83,6 +104,9 @@ def test_settings_fail_fast_naming_the_variable(
     key_file.write_text(f"{entry_for('k1', 'other')}\n")
     with pytest.raises(ConfigError, match=r"ENGRAM_API_KEYS_FILE: .*different tenants"):
         load_settings(GatewaySettings)
+    key_file.write_text(f"{entry_for('k1', 'acme', admin=True)}\n")
+    with pytest.raises(ConfigError, match=r"ENGRAM_API_KEYS_FILE: .*with and without :admin"):
+        load_settings(GatewaySettings)
     key_file.write_text(f"# mounted secret\n{entry_for('k2', 'beta')}\n\n")
     table = load_settings(GatewaySettings).key_table
     assert table is not None
@@ -110,6 +134,14 @@ def test_hash_command() -> None:
     assert made[1].split()[-1] == entry_for(key, "acme")
     assert KeyTable.parse(made[1].split()[-1]).tenant_for(key) == "acme"
     assert run("hash", "--tenant", "bad/tenant", "k").returncode != 0
+    assert run("hash", "--tenant", "acme", "--admin", "s3cret").stdout.strip() == (
+        f"sha256:{digest}=acme:admin"
+    )
+    assert run("hash", "--admin", "s3cret").returncode != 0  # an admin key needs a tenant
+    admin = run("new", "ops", "--admin").stdout.splitlines()
+    assert KeyTable.parse(admin[1].split()[-1]).caller_for(admin[0].split()[-1]) == Caller(
+        "ops", admin=True
+    )
 
 
 async def test_no_key_or_memory_text_in_logs(

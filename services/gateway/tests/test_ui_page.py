@@ -52,6 +52,7 @@ def dead_letter(n: int, worker: str) -> dict[str, Any]:
         "deliveries": 5,
         "failed_at": f"2026-11-2{n}T10:00:00Z",
         "event_id": f"e{n}aaaaaa-0000-0000-0000-000000000000",
+        "tenant": f"tenant-{n}",
         "conversation_id": "home",
     }
 
@@ -121,6 +122,7 @@ async def test_operator_panel_shows_lag_and_dead_letters(browser: Browser, page_
     await expect(letters).to_have_count(3)
     await expect(letters.nth(0)).to_contain_text("LLM answered 500 (attempt 1)")
     await expect(letters.nth(0)).to_contain_text("2026-11-21 10:00 UTC")
+    await expect(letters.nth(0).locator("td").nth(6)).to_have_text("tenant-1")
     assert "GET /v1/admin/dead-letters?limit=50" in calls
 
     await page.get_by_label("Worker").fill("ingest")
@@ -143,6 +145,24 @@ async def test_operator_panel_without_the_endpoints_says_so(
     page, _ = await open_page(browser, page_url, single_tenant(none))
     await page.get_by_role("link", name="Operator").click()
     await expect(page.locator("#status")).to_have_text("This gateway has no operator endpoints.")
+
+
+async def test_operator_panel_with_a_tenants_key_says_it_needs_an_admin_key(
+    browser: Browser, page_url: str
+) -> None:
+    def refused(path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+        message = "This endpoint shows figures shared by every tenant and needs an admin key."
+        error = {"message": message, "type": "permission_error", "param": None}
+        return 403, {"error": {**error, "code": "admin_key_required"}}
+
+    page, _ = await open_page(browser, page_url, single_tenant(refused))
+    await page.get_by_role("link", name="Operator").click()
+    await expect(page.locator("#status")).to_have_text(
+        "The operator panel needs an admin key; this key reads and writes its own tenant's "
+        "memories only."
+    )
+    await expect(page.locator("#consumers-table tbody tr")).to_have_text(["Nothing here."])
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_hidden()
 
 
 async def test_events_show_pending_applied_and_skipped(browser: Browser, page_url: str) -> None:

@@ -1,11 +1,14 @@
-"""Read-only admin views of the write path, for the memory browser: the workers' queues
-(``GET /v1/admin/consumers``) and the caller's dead letters (``GET /v1/admin/dead-letters``).
+"""Read-only operator views of the write path, for the memory browser's operator panel:
+the workers' queues (``GET /v1/admin/consumers``) and the dead letters
+(``GET /v1/admin/dead-letters``).
 
-Queue numbers (pending, awaiting an ack, redelivered) are the JetStream consumers' own
-and shared by every tenant; they carry no memory content. Dead letters are the
-caller's only: a letter's original body names its tenant, and a letter of another
-tenant (or one whose body does not parse) is never shown nor counted. Replaying and
-dropping dead letters is an operator's job (``engram dlq``), not an API call.
+Both show what every tenant shares: queue numbers (pending, awaiting an ack,
+redelivered) are the JetStream consumers' own, and dead letters are every tenant's
+(each names its tenant, read from the letter's original body; ``?tenant=`` selects
+one). So every route here needs an admin key (403 otherwise; engram_gateway.tenancy);
+a tenant's ordinary key learns nothing about the others, not even how busy they are.
+Replaying and dropping dead letters is an operator's job (``engram dlq``), not an API
+call.
 """
 
 from __future__ import annotations
@@ -13,20 +16,26 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
-from engram_core.dead_letters import DeadLetterFilter, StoredDeadLetter, iter_dead_letters
+from engram_core.dead_letters import (
+    DeadLetterFilter,
+    StoredDeadLetter,
+    dead_letter_depth,
+    iter_dead_letters,
+)
 from engram_core.events import STREAM_NAME
 from engram_core.logging import get_logger
 from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError
+from engram_gateway.keys import TENANT_PATTERN
 from engram_gateway.memory_models import ErrorResponse
 from engram_gateway.state import GatewayState, gateway_state
-from engram_gateway.tenancy import resolve_tenant
+from engram_gateway.tenancy import require_admin
 
 log = get_logger(__name__)
 
@@ -35,13 +44,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (400, "Invalid query parameter"),
         (401, "Missing or invalid API key"),
+        (403, "The key is not an admin key"),
         (408, "The request did not arrive in time"),
         (503, "The event bus is unavailable"),
     )
 }
-router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=_ERRORS)
+router = APIRouter(
+    prefix="/v1/admin", tags=["admin"], responses=_ERRORS, dependencies=[Depends(require_admin)]
+)
 
 WorkerName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+TenantName = Annotated[str, Field(min_length=1, max_length=64, pattern=TENANT_PATTERN.pattern)]
 
 
 class ConsumerOut(BaseModel):
@@ -50,7 +63,7 @@ class ConsumerOut(BaseModel):
     pending: int = Field(description="Messages not yet delivered to it (its lag).")
     ack_pending: int = Field(description="Delivered, not yet acknowledged (in work or retry).")
     redelivered: int = Field(description="Messages delivered more than once, now pending.")
-    dead_letters: int = Field(description="The caller's dead letters of this worker.")
+    dead_letters: int = Field(description="This worker's dead letters (every tenant's).")
 
 
 class ConsumerList(BaseModel):
@@ -61,6 +74,7 @@ class ConsumerList(BaseModel):
 class DeadLetterOut(BaseModel):
     id: int = Field(description="The dead letter's stream sequence (engram dlq takes it).")
     worker: str
+    tenant: str | None = Field(description="Whose event it was (None: the body does not parse).")
     subject: str = Field(description="The subject of the message that failed.")
     reason: str
     deliveries: int
@@ -78,6 +92,7 @@ class DeadLetterQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     worker: WorkerName | None = None
+    tenant: TenantName | None = Field(default=None, description="Only this tenant's.")
     limit: int = Field(default=100, ge=1, le=1000)
 
 
@@ -96,8 +111,11 @@ def _jetstream(state: GatewayState) -> JetStreamContext:
     return state.broker.connection.jetstream(timeout=5.0)
 
 
-async def _tenant_letters(
-    js: JetStreamContext, tenant: str, worker: str | None = None, limit: int | None = None
+async def _letters(
+    js: JetStreamContext,
+    tenant: str | None = None,
+    worker: str | None = None,
+    limit: int | None = None,
 ) -> list[StoredDeadLetter]:
     found: list[StoredDeadLetter] = []
     async for stored in iter_dead_letters(js, DeadLetterFilter(worker=worker, tenant=tenant)):
@@ -120,33 +138,28 @@ def _consumer_out(info: ConsumerInfo, dead: int) -> ConsumerOut:
 
 @router.get("/consumers", response_model=ConsumerList, summary="The workers' queues")
 async def consumers(request: Request) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
-    js = _jetstream(state)
+    js = _jetstream(gateway_state(request))
     try:
         infos = await js.consumers_info(STREAM_NAME)
-        letters = await _tenant_letters(js, tenant)
+        per_worker = await dead_letter_depth(js)
     except NotFoundError:  # no stream yet: no workers either
-        infos, letters = [], []
+        infos, per_worker = [], {}
     except Exception as exc:
         log.warning("admin.consumers_unavailable", error=type(exc).__name__)
         raise _bus_unavailable() from None
-    per_worker: dict[str, int] = {}
-    for stored in letters:
-        per_worker[stored.worker] = per_worker.get(stored.worker, 0) + 1
     # Durable consumers only: ephemeral readers (a CLI listing, a test) are not workers.
     durable = sorted((i for i in infos if i.config.durable_name), key=lambda i: i.name)
     data = [_consumer_out(info, per_worker.get(info.name, 0)) for info in durable]
     return JSONResponse(ConsumerList(data=data).model_dump(mode="json"))
 
 
-@router.get("/dead-letters", response_model=DeadLetterList, summary="The caller's dead letters")
+@router.get("/dead-letters", response_model=DeadLetterList, summary="Every tenant's dead letters")
 async def dead_letters(
     request: Request, query: Annotated[DeadLetterQuery, Query()]
 ) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
-    js = _jetstream(state)
+    js = _jetstream(gateway_state(request))
     try:
-        letters = await _tenant_letters(js, tenant, query.worker, query.limit)
+        letters = await _letters(js, query.tenant, query.worker, query.limit)
     except NotFoundError:
         letters = []
     except Exception as exc:
@@ -156,6 +169,7 @@ async def dead_letters(
         DeadLetterOut(
             id=stored.id,
             worker=stored.worker,
+            tenant=stored.tenant,
             subject=stored.letter.subject,
             reason=stored.letter.reason,
             deliveries=stored.letter.deliveries,

@@ -23,6 +23,7 @@ INVALID_REQUEST = "invalid_request_error"
 UPSTREAM_ERROR = "upstream_error"
 SERVICE_UNAVAILABLE = "service_unavailable"
 SERVER_ERROR = "server_error"
+PERMISSION_ERROR = "permission_error"
 
 
 def error_body(

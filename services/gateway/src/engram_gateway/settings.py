@@ -104,7 +104,8 @@ class GatewaySettings(EngramSettings):
     # tenant, "default", and no authentication (local use).
     api_keys: Annotated[KeyTable | None, NoDecode] = Field(
         default=None,
-        description="Key entries sha256:<hex>=<tenant>, separated by commas or newlines.",
+        description="Key entries sha256:<hex>=<tenant> (or <tenant>:admin: an operator's key, "
+        "the only one that reads /v1/admin/...), separated by commas or newlines.",
     )
     api_keys_file: Annotated[KeyTable | None, NoDecode] = Field(
         default=None,

@@ -1,10 +1,16 @@
-"""Which tenant a request acts for — decided here and nowhere else.
+"""Which tenant a request acts for, and whether it may see across tenants — decided here
+and nowhere else.
 
 With API keys configured (``ENGRAM_API_KEYS`` / ``ENGRAM_API_KEYS_FILE``), every
 request except the probes must carry ``Authorization: Bearer <key>``; the key's hash
 names the tenant, and a missing or unknown key is answered 401 before any route runs.
 Without keys there is one tenant, ``default``, and no authentication (local use).
 Routes call :func:`resolve_tenant`; the tenant then travels in every RPC and event.
+
+Figures shared by every tenant (the workers' queues, every tenant's dead letters) are
+an operator's: routes that show them call :func:`require_admin`, which answers 403
+unless the key's entry carries ``:admin`` (engram_gateway.keys). Without keys the
+local operator is the admin.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import json
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engram_gateway.errors import INVALID_REQUEST, error_body
-from engram_gateway.keys import KeyTable
+from engram_gateway.errors import INVALID_REQUEST, PERMISSION_ERROR, GatewayError, error_body
+from engram_gateway.keys import Caller, KeyTable
 
 DEFAULT_TENANT = "default"
 #: Probes and the Prometheus scrape answer without a key: the kubelet and Prometheus have
@@ -25,6 +31,9 @@ DEFAULT_TENANT = "default"
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/", "/ui"})
 OPEN_PREFIXES = ("/ui/",)
 _TENANT = "tenant"
+_ADMIN = "admin"
+#: Who a request acts for when no keys are configured: the local operator.
+LOCAL_OPERATOR = Caller(DEFAULT_TENANT, admin=True)
 
 
 def resolve_tenant(request: Request) -> str:
@@ -33,6 +42,24 @@ def resolve_tenant(request: Request) -> str:
         # Only the probes skip the middleware, and they never ask.
         raise RuntimeError("no tenant resolved for this request")
     return tenant
+
+
+def is_admin(request: Request) -> bool:
+    """Whether the request's key may see figures shared by every tenant."""
+    return request.scope.get("state", {}).get(_ADMIN) is True
+
+
+def require_admin(request: Request) -> None:
+    """403 (OpenAI-shaped) unless the request's key is an admin key."""
+    if not is_admin(request):
+        raise GatewayError(
+            403,
+            "This endpoint shows figures shared by every tenant and needs an admin key "
+            "(an API key entry ending in ':admin'; see docs/gateway.md). Your key reads and "
+            "writes its own tenant's memories only.",
+            type=PERMISSION_ERROR,
+            code="admin_key_required",
+        )
 
 
 def is_open(path: str) -> bool:
@@ -59,15 +86,15 @@ class ApiKeyMiddleware:
             return
         state = scope.setdefault("state", {})
         if self.keys is None:
-            state[_TENANT] = DEFAULT_TENANT
+            state[_TENANT], state[_ADMIN] = LOCAL_OPERATOR.tenant, LOCAL_OPERATOR.admin
         elif not is_open(scope["path"]):
             raw = next((v for k, v in scope["headers"] if k == b"authorization"), None)
             token = bearer_token(raw.decode("latin-1")) if raw is not None else None
-            tenant = self.keys.tenant_for(token) if token else None
-            if tenant is None:
+            caller = self.keys.caller_for(token) if token else None
+            if caller is None:
                 await _unauthorized(send, missing=token is None)
                 return
-            state[_TENANT] = tenant
+            state[_TENANT], state[_ADMIN] = caller.tenant, caller.admin
         await self.app(scope, receive, send)
 
 

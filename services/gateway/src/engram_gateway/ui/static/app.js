@@ -676,6 +676,13 @@ async function loadOperator() {
       say("This gateway has no operator endpoints.", true);
       return;
     }
+    if (error.status === 403) {
+      // Queue sizes and dead letters are every tenant's: an operator's (admin) key only.
+      fillTable($("consumers-table"), []);
+      fillTable($("dead-table"), []);
+      say("The operator panel needs an admin key; this key reads and writes its own tenant's memories only.", true);
+      return;
+    }
     throw error;
   }
 }
@@ -696,6 +703,7 @@ async function loadDeadLetters(event) {
         h("td", {}, d.reason),
         h("td", { class: "num" }, d.deliveries),
         h("td", {}, d.event_id ? h("code", {}, d.event_id.slice(0, 8)) : "—"),
+        h("td", {}, d.tenant || "—"),
         h("td", {}, d.conversation_id || "—"),
       ),
     ),
