@@ -6,7 +6,8 @@ instead of every chat of a user sharing ``default``. Two kinds of request are no
 person talking, and memory leaves them alone (no recall, nothing recorded):
 
 - a *temporary chat*, which the person asked not to be kept (Open WebUI names it
-  ``local:<socket id>``);
+  ``temporary:<socket id>``, older versions ``local:<socket id>``: both are in
+  ``ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES`` by default);
 - a *background task* the client runs with the chat's history pasted into one user
   message (Open WebUI's titles, tags, follow-up suggestions and search queries: a
   ``### Task:`` prompt around ``<chat_history>``). Recording it would store the history
@@ -78,8 +79,7 @@ def apply_client_hints(
             controls = controls.model_copy(update={"memory_id": from_header})
     if controls.memory is not None:
         return controls, None
-    prefix = settings.gateway_temporary_chat_prefix
-    if from_header is not None and prefix and from_header.startswith(prefix):
+    if from_header is not None and from_header.startswith(settings.temporary_chat_prefixes):
         return controls.model_copy(update={"memory": False}), Bypass.TEMPORARY_CHAT
     expression = settings.gateway_task_prompt_pattern
     if expression and query and _pattern(expression).search(query):

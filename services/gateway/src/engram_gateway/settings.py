@@ -77,12 +77,19 @@ class GatewaySettings(EngramSettings):
         "memory_id (Open WebUI forwards its chat id in this one with "
         "ENABLE_FORWARD_USER_INFO_HEADERS); empty: only memory_id.",
     )
-    gateway_temporary_chat_prefix: str = Field(
-        default="local:",
-        max_length=200,
+    gateway_temporary_chat_prefixes: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("temporary:", "local:"),
         description="A conversation named by ENGRAM_GATEWAY_CONVERSATION_HEADER that starts "
-        "with this is a temporary chat (Open WebUI's 'local:<id>'): no recall, nothing "
-        "recorded, unless the request itself sets memory; empty: none.",
+        "with one of these (comma-separated) is a temporary chat: no recall, nothing "
+        "recorded, unless the request itself sets memory; empty: none. Open WebUI names "
+        "them 'temporary:<id>' (0.12; 'local:<id>' in older versions).",
+    )
+    gateway_temporary_chat_prefix: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Deprecated, the single-value form of "
+        "ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES: when set, the one prefix instead of the "
+        "list; empty: none.",
     )
     gateway_task_prompt_pattern: str = Field(
         default=r"(?s)\A### Task:.*?<chat_history>",
@@ -156,6 +163,28 @@ class GatewaySettings(EngramSettings):
             if name in ("chat", "memories", "events", "admin"):
                 raise ValueError(f"/v1/{name} is Engram's own, not relayed")
         return value
+
+    @field_validator("gateway_temporary_chat_prefixes", mode="before")
+    @classmethod
+    def _split_prefixes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("gateway_temporary_chat_prefixes")
+    @classmethod
+    def _prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for prefix in value:
+            if not prefix or len(prefix) > 200:
+                raise ValueError(f"each prefix is 1-200 characters (got {prefix!r})")
+        return value
+
+    @property
+    def temporary_chat_prefixes(self) -> tuple[str, ...]:
+        """What starts a temporary chat's id: the list, or the deprecated single value."""
+        if self.gateway_temporary_chat_prefix is None:
+            return self.gateway_temporary_chat_prefixes
+        return (self.gateway_temporary_chat_prefix,) if self.gateway_temporary_chat_prefix else ()
 
     @field_validator("gateway_task_prompt_pattern")
     @classmethod

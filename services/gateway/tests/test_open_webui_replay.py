@@ -1,0 +1,164 @@
+"""The real Open WebUI's requests (captured from 0.12.4, tests/fixtures/open_webui/)
+replayed through the gateway, against the real nats-server, the scripted upstream and a
+fake retrieval service: a temporary chat is not remembered, the background tasks are
+left alone, a saved chat is a conversation named by its chat id, and the person's
+non-ASCII name breaks nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx2
+import pytest
+
+from engram_cli.scripted_llm import ToolCall
+from engram_gateway.settings import GatewaySettings
+from engram_testing.open_webui import OPEN_WEBUI_VERSION, CapturedRequest, capture, replay
+
+from .conftest import FakeMemoryService, JetStreamReader
+
+
+async def replay_all(
+    client: httpx2.AsyncClient, requests: list[CapturedRequest]
+) -> list[tuple[CapturedRequest, str]]:
+    """Each chat request replayed in order (200 expected), with its X-Engram-Memory."""
+    answered = []
+    for request in requests:
+        if not request.is_chat:
+            continue
+        response = await replay(client, request)
+        assert response.status_code == 200, response.text
+        answered.append((request, response.headers["x-engram-memory"]))
+    return answered
+
+
+def assert_forwarded_unchanged(sent: list[dict[str, Any]], requests: list[CapturedRequest]) -> None:
+    for body, request in zip(sent, [r for r in requests if r.is_chat], strict=True):
+        assert body == request.body
+
+
+async def test_a_temporary_chat_is_not_remembered(
+    client: httpx2.AsyncClient,
+    scripted_upstream: Any,
+    fake_retrieval: FakeMemoryService,
+    jetstream: JetStreamReader,
+) -> None:
+    """Open WebUI 0.12 names a temporary chat ``temporary:<socket id>``: neither its
+    message nor its follow-up task is recalled into or recorded."""
+    requests = capture("temporary_chat")
+    assert requests[0].chat_id.startswith("temporary:")
+
+    answered = await replay_all(client, requests)
+
+    assert [memory for _, memory in answered] == ["bypassed", "bypassed"]
+    assert fake_retrieval.requests == []
+    assert_forwarded_unchanged(scripted_upstream.chat_requests(), requests)
+    await asyncio.sleep(0.2)
+    assert await jetstream.count() == 0
+
+
+def test_temporary_chat_prefixes_are_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both names Open WebUI has used by default; a comma-separated list; the deprecated
+    single-value variable, when set, is the one prefix (empty: none)."""
+    assert GatewaySettings().temporary_chat_prefixes == ("temporary:", "local:")
+    monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES", " temp: , local:,")
+    assert GatewaySettings().temporary_chat_prefixes == ("temp:", "local:")
+    monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES", "")
+    assert GatewaySettings().temporary_chat_prefixes == ()
+    monkeypatch.delenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES")
+    monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIX", "tmp-")
+    assert GatewaySettings().temporary_chat_prefixes == ("tmp-",)
+    monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIX", "")
+    assert GatewaySettings().temporary_chat_prefixes == ()
+    with pytest.raises(ValueError, match="1-200 characters"):
+        GatewaySettings(gateway_temporary_chat_prefixes=("x" * 201,))
+
+
+async def test_a_saved_chat_is_one_conversation_and_its_tasks_are_left_alone(
+    client: httpx2.AsyncClient,
+    scripted_upstream: Any,
+    fake_retrieval: FakeMemoryService,
+    jetstream: JetStreamReader,
+) -> None:
+    """Two messages of one saved chat, with the title, tags and follow-up tasks Open
+    WebUI runs around them: the messages are recalled into and recorded in the
+    conversation its chat id names, for the user its user id header names; the tasks
+    are neither, and reach the upstream unchanged."""
+    requests = capture("normal_chat")
+    chat_id, user_id = requests[1].chat_id, requests[1].user_id
+    tasks = [r for r in requests if r.is_chat and r.is_background_task]
+    assert len(tasks) == 4 and chat_id and user_id
+
+    answered = await replay_all(client, requests)
+
+    for request, memory in answered:
+        assert (memory == "bypassed") == request.is_background_task, request.last_user_text
+    assert [(r.conversation_id, r.user_id) for r in fake_retrieval.requests] == [
+        (chat_id, user_id),
+        (chat_id, user_id),
+    ]
+    assert_forwarded_unchanged(scripted_upstream.chat_requests(), requests)
+    events = await jetstream.events(4)
+    assert {(e.data["conversation_id"], e.data["user_id"]) for e in events} == {(chat_id, user_id)}
+    said = [e.data["text"] for e in events if e.data["role"] == "user"]
+    assert said == ["My cat is called Whiskers.", "She is three years old."]
+    await asyncio.sleep(0.2)
+    assert await jetstream.count() == 4
+
+
+async def test_a_document_prompt_is_remembered_and_its_query_task_is_not(
+    client: httpx2.AsyncClient, fake_retrieval: FakeMemoryService, jetstream: JetStreamReader
+) -> None:
+    """With a file attached, Open WebUI first asks for search queries (a task over the
+    chat history), then sends the person's question inside its document prompt: that
+    one is the person asking, so it is recalled into and recorded."""
+    requests = capture("document_chat")
+    answered = await replay_all(client, requests)
+
+    remembered = [request for request, memory in answered if memory != "bypassed"]
+    assert len(remembered) == 1
+    prompt = remembered[0].last_user_text
+    assert prompt.startswith("### Task:") and "<context>" in prompt
+    assert prompt.endswith("When does my lease end?")
+    tasks = [request.last_user_text for request, memory in answered if memory == "bypassed"]
+    assert any("generating search queries" in task for task in tasks)
+    user_turn, _ = await jetstream.events(2)
+    assert user_turn.data["text"] == prompt
+    assert user_turn.data["conversation_id"] == remembered[0].chat_id
+
+
+async def test_a_web_search_round_trip_records_the_question_once(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: JetStreamReader
+) -> None:
+    """With web search on, the model calls Open WebUI's search_web tool and Open WebUI
+    sends the same question again with the tool's result: one user turn, and the
+    answer that followed the search as the assistant's."""
+    requests = capture("web_search_chat")
+
+    def model(body: dict[str, Any]) -> Any:
+        if body.get("tools") and body["messages"][-1]["role"] == "user":
+            return ToolCall("search_web", {"query": "Lisbon weather today"})
+        return "Sunny, 19 C."
+
+    scripted_upstream.replies = [model]
+    answered = await replay_all(client, requests)
+
+    questions = [r for r, memory in answered if memory != "bypassed"]
+    assert [r.last_user_text for r in questions] == ["What is the weather in Lisbon today?"] * 2
+    await asyncio.sleep(0.5)
+    events = await jetstream.events(await jetstream.count())
+    users = [e for e in events if e.data["role"] == "user"]
+    assert [e.data["text"] for e in users] == ["What is the weather in Lisbon today?"]
+    answers = [e.data["text"] for e in events if e.data["role"] == "assistant"]
+    assert "Sunny, 19 C." in answers
+
+
+def test_the_captures_say_where_they_came_from() -> None:
+    for scenario in ("normal_chat", "temporary_chat", "document_chat", "web_search_chat"):
+        requests = capture(scenario)
+        assert requests, scenario
+        for request in requests:
+            assert "authorization" not in request.headers
+            assert request.headers["x-openwebui-user-name"] == "Jos%C3%A9 M%C3%BCller"
+    assert OPEN_WEBUI_VERSION == "0.12.4"
