@@ -102,7 +102,7 @@ async def test_a_memory_id_that_is_not_a_uuid_never_becomes_a_path() -> None:
             for memory_id in ("../../v1/users", "x/../../users", "%2e%2e%2fusers", "a?b=c"):
                 result = await client.call_tool(tool, {"memory_id": memory_id, "text": "t"})
                 assert result.is_error, (tool, memory_id)
-                assert "is not a UUID" in result.content[0].text
+                assert "is not a valid memory id (a UUID)" in result.content[0].text
         assert paths == []
 
         spelled = "{ABCDEF01-2345-6789-ABCD-EF0123456789}"

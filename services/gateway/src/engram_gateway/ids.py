@@ -13,12 +13,13 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 
-def canonical_uuid(value: str) -> str:
-    """``value`` as a lower-case hyphenated UUID; ``ValueError`` when it is not one."""
+def canonical_uuid(value: str, what: str = "memory") -> str:
+    """``value`` as a lower-case hyphenated UUID; ``ValueError`` (in the memory API's
+    words) when it is not one."""
     try:
         return str(uuid.UUID(value))
     except ValueError:
-        raise ValueError(f"{value[:64]!r} is not a UUID") from None
+        raise ValueError(f"{value[:64]!r} is not a valid {what} id (a UUID)") from None
 
 
 MemoryId = Annotated[

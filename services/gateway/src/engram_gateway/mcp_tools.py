@@ -395,7 +395,8 @@ async def _event_statuses(
     deadline = time.monotonic() + wait_s
     while True:
         events = [
-            await _call(api, ctx, "GET", f"/v1/events/{canonical_uuid(e)}") for e in event_ids
+            await _call(api, ctx, "GET", f"/v1/events/{canonical_uuid(e, 'event')}")
+            for e in event_ids
         ]
         if _overall(events) != "pending" or time.monotonic() >= deadline:
             return events
