@@ -4,6 +4,7 @@ deleted through the API reach the Markdown mirror as files and tombstones."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,101 @@ async def test_created_then_deleted_memory_is_mirrored_then_tombstoned(
 
     await wait_for(tombstoned, 30, what="the fact file moved to deleted/")
     assert (await http.get(f"/v1/memories/{memory_id}", headers=A)).status_code == 404
+
+
+def _files_naming(root: Path, pattern: str, needle: str) -> list[Path]:
+    found = []
+    for path in root.glob(pattern):
+        try:
+            if needle in path.read_text():
+                found.append(path)
+        except FileNotFoundError:  # moved by the mirror between glob and read
+            continue
+    return found
+
+
+async def _mirror_caught_up(http: httpx2.AsyncClient, conversation_dir: Path) -> None:
+    """The mirror applies changes in stream order: once a marker created now has its
+    file, every earlier change has been applied."""
+    marker = await http.post(
+        "/v1/memories",
+        json={"text": "A marker for the mirror.", "conversation": conversation_dir.name},
+        headers=A,
+    )
+    assert marker.status_code in (200, 201), marker.text
+    await wait_for(
+        lambda: _files_naming(conversation_dir, "facts/*.md", marker.json()["id"]),
+        30,
+        what="the marker's file",
+    )
+
+
+async def test_a_delete_racing_edits_leaves_no_memory_and_no_live_file(
+    http: httpx2.AsyncClient, keyed_stack: Stack
+) -> None:
+    """One DELETE and four PATCHes of one memory at once, several rounds: a DELETE that
+    answered 200 leaves the memory gone from the index and its history, and the mirror
+    agrees — a tombstone, no live file beside it."""
+    conversation_dir = keyed_stack.data_dir / "mirror" / "acme" / "e2e-race"
+    deleted: list[str] = []
+    for round_no in range(6):
+        created = await http.post(
+            "/v1/memories",
+            json={"text": f"User's gate code is {round_no}00.", "conversation": "e2e-race"},
+            headers=A,
+        )
+        memory_id = created.json()["id"]
+        patches = [
+            http.patch(
+                f"/v1/memories/{memory_id}",
+                json={"text": f"User's gate code is {round_no}0{n}."},
+                headers=A,
+            )
+            for n in range(1, 5)
+        ]
+        answers = await asyncio.gather(
+            *patches[: round_no % 5],
+            http.delete(f"/v1/memories/{memory_id}", headers=A),
+            *patches[round_no % 5 :],
+        )
+        assert answers[round_no % 5].status_code == 200, answers[round_no % 5].text
+        deleted.append(memory_id)
+        assert (await http.get(f"/v1/memories/{memory_id}", headers=A)).status_code == 404
+    everything = await http.get(
+        "/v1/memories",
+        params={"conversation": "e2e-race", "include_superseded": "true"},
+        headers=A,
+    )
+    assert everything.json()["data"] == []
+
+    await _mirror_caught_up(http, conversation_dir)
+    for memory_id in deleted:
+        assert _files_naming(conversation_dir, "facts/*.md", memory_id) == []
+        assert _files_naming(conversation_dir, "deleted/**/*.md", f"id: {memory_id}")
+
+
+async def test_twenty_edits_at_once_are_all_kept_and_the_mirror_agrees(
+    http: httpx2.AsyncClient, keyed_stack: Stack
+) -> None:
+    conversation_dir = keyed_stack.data_dir / "mirror" / "acme" / "e2e-twenty"
+    created = await http.post(
+        "/v1/memories",
+        json={"text": "User's lucky number is 0.", "conversation": "e2e-twenty"},
+        headers=A,
+    )
+    memory_id = created.json()["id"]
+    texts = [f"User's lucky number is {n}." for n in range(1, 21)]
+    answers = await asyncio.gather(
+        *(http.patch(f"/v1/memories/{memory_id}", json={"text": t}, headers=A) for t in texts)
+    )
+    assert [a.status_code for a in answers] == [200] * 20
+    current = (await http.get(f"/v1/memories/{memory_id}", headers=A)).json()
+    history = (await http.get(f"/v1/memories/{memory_id}/history", headers=A)).json()["data"]
+    assert set(texts) <= {current["text"], *(v["text"] for v in history)}
+
+    await _mirror_caught_up(http, conversation_dir)
+    (live,) = _files_naming(conversation_dir, "facts/*.md", f"id: {memory_id}")
+    assert live.read_text().rstrip().endswith(current["text"])
+    for version in history:
+        (tombstone,) = _files_naming(conversation_dir, "deleted/**/*.md", f"id: {version['id']}")
+        assert version["text"] in tombstone.read_text()

@@ -3,6 +3,7 @@ and the real nats-server, with API keys for two tenants."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,11 +11,13 @@ from typing import Any
 
 import httpx2
 import pytest
+from mcp import Client
 
 from engram_core.event_status import EventStatusStore
 from engram_core.lifecycle import summary_memory_id
 from engram_core.proto import pb, to_timestamp
 from engram_gateway.keys import entry_for
+from engram_gateway.mcp_tools import GatewayApi, build_mcp_server
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
 from .conftest import JetStreamReader, RunningGateway, StartGateway
@@ -511,3 +514,72 @@ async def test_create_without_a_user_is_tenant_wide_and_a_retry_creates_nothing_
     assert [m["text"] for m in listed].count("User is allergic to peanuts.") == 1
     reused = await http.post(MEM, json={"text": "Something else."}, headers=retry)
     _assert_error(reused, 409, "request_id_reused")
+
+
+# --- duplicates: reconcile's near-duplicate rule --------------------------------------------
+
+
+async def test_creating_a_fact_its_scope_already_holds_returns_the_existing_one(
+    http: httpx2.AsyncClient,
+) -> None:
+    scope = {"user": "alice", "conversation": "pets"}
+    first = await _create(http, A, text="User's cat is called Miso.", **scope)
+    assert first["duplicate_of"] is None
+    for again in ("User's cat is called Miso.", "  user's cat is called miso  "):
+        response = await http.post(MEM, json={"text": again, **scope}, headers=A)
+        assert response.status_code == 200, response.text
+        assert response.json()["id"] == response.json()["duplicate_of"] == first["id"]
+        assert response.json()["text"] == "User's cat is called Miso."
+        assert response.headers["ETag"]
+    near = await http.post(MEM, json={"text": "User's cat is named Miso.", **scope}, headers=A)
+    assert (near.status_code, near.json()["duplicate_of"]) == (200, first["id"])
+
+    # Another name or number, another scope: a new fact.
+    for text, where in (
+        ("User's cat is called Mochi.", scope),
+        ("User's cat is called Miso.", {"user": "bob", "conversation": "pets"}),
+        ("User's cat is called Miso.", {"user": "alice", "conversation": "other"}),
+    ):
+        created = await http.post(MEM, json={"text": text, **where}, headers=A)
+        assert created.status_code == 201, (text, where, created.text)
+        assert created.json()["duplicate_of"] is None
+    listed = (await http.get(MEM, headers=A, params=scope)).json()["data"]
+    assert sorted(m["text"] for m in listed) == [
+        "User's cat is called Miso.",
+        "User's cat is called Mochi.",
+    ]
+
+
+async def test_the_same_fact_created_at_once_is_stored_once(http: httpx2.AsyncClient) -> None:
+    scope = {"user": "carol", "conversation": "at-once"}
+    answers = await asyncio.gather(
+        *(
+            http.post(MEM, json={"text": "User works night shifts.", **scope}, headers=A)
+            for _ in range(5)
+        )
+    )
+    assert sorted(a.status_code for a in answers) == [200, 200, 200, 200, 201]
+    assert len({a.json()["id"] for a in answers}) == 1
+    listed = (await http.get(MEM, headers=A, params=scope)).json()["data"]
+    assert [m["text"] for m in listed] == ["User works night shifts."]
+
+
+async def test_remember_fact_twice_keeps_one_fact_and_says_so(keyed: RunningGateway) -> None:
+    async with (
+        httpx2.AsyncClient(base_url=keyed.url, headers=A, timeout=30) as api,
+        Client(build_mcp_server(GatewayApi(api))) as mcp,
+    ):
+        args = {"text": "User is allergic to peanuts.", "user": "dave"}
+        first = await mcp.call_tool("remember_fact", args)
+        second = await mcp.call_tool("remember_fact", args)
+    assert not first.is_error and not second.is_error
+    created, repeated = json.loads(first.content[0].text), json.loads(second.content[0].text)
+    assert created["duplicate_of"] is None
+    assert repeated["id"] == repeated["duplicate_of"] == created["id"]
+    listed = (await api_list(keyed, {"user": "dave"}))["data"]
+    assert [m["text"] for m in listed] == ["User is allergic to peanuts."]
+
+
+async def api_list(gateway: RunningGateway, params: dict[str, str]) -> dict[str, Any]:
+    async with httpx2.AsyncClient(base_url=gateway.url, headers=A, timeout=30) as http:
+        return dict((await http.get(MEM, params=params)).json())

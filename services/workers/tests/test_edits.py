@@ -198,6 +198,38 @@ async def test_deleting_a_file_removes_the_memory_and_leaves_a_tombstone(
     )
 
 
+async def test_deleting_the_file_of_an_edited_memory_deletes_its_history_too(
+    stack: Stack, publisher
+) -> None:
+    """The mirror's delete is the API's: the memory and every earlier version leave the
+    index (nothing of it is left to search or history), each with a tombstone."""
+    [car] = await stack.seed(publisher, "My car is a blue Fiat.")
+    path = stack.path(car)
+    path.write_text(path.read_text().replace("blue", "red"), encoding="utf-8")
+
+    async def edited() -> pb.Memory | None:
+        stored = await stack.get(car.id)
+        return stored if stored is not None and "red" in stored.text else None
+
+    await eventually(edited, what="the edit in the index")
+    changes = await published(stack.nats_url, MemoryChanged)
+    (history_id,) = [c.memory.id for c in changes if c.op == "superseded"]
+    assert await stack.get(history_id) is not None
+    await eventually(stack.settled, what="the edit mirrored")
+    await eventually(path.exists, what="the rewritten file")
+
+    path.unlink()
+
+    async def lineage_gone() -> bool:
+        return await stack.get(car.id) is None and await stack.get(history_id) is None
+
+    await eventually(lineage_gone, what="the memory and its history deleted")
+    deleted = {
+        c.memory.id for c in await published(stack.nats_url, MemoryChanged) if c.op == "deleted"
+    }
+    assert deleted == {car.id, history_id}
+
+
 async def test_a_file_dropped_into_a_users_folder_is_recalled_for_that_user(
     stack: Stack, publisher
 ) -> None:

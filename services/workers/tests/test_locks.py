@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engram_workers.locks import KeyLocks, LockTimeout
+from engram_core.locks import KeyLocks, LockTimeout
 
 
 async def test_holders_of_one_key_never_overlap(nats_url) -> None:

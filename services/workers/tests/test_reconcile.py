@@ -25,6 +25,7 @@ from engram_core.bus import make_broker, publish_event
 from engram_core.event_status import EventStatusStore
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id
 from engram_core.memory import ProposedProfileFact
+from engram_core.near_duplicates import specifics
 from engram_core.proto import from_timestamp, pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.waiting import eventually
@@ -40,7 +41,7 @@ from engram_testing.worker_stack import (
 from engram_workers.ingest import INGEST, IngestSettings, turn_memory_id
 from engram_workers.reconcile import RECONCILE, ReconcileSettings
 from engram_workers.reconcile.app import reconcile_facts
-from engram_workers.reconcile.core import fact_memory_id, specifics
+from engram_workers.reconcile.core import fact_memory_id
 from engram_workers.runtime import Delivery, RetryableError
 
 pytestmark = pytest.mark.integration

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from engram_core.events import FactProposed
 from engram_core.memory import MemoryRecord, ProposedProfileFact
+from engram_core.near_duplicates import normalise_text
 from engram_testing.fake_llm import FakeAsk
 from engram_workers import prompts
 from engram_workers.llm import FellBack
@@ -134,7 +135,7 @@ def context(
 ) -> core.FactContext:
     return core.FactContext(
         proposal=p,
-        similar={core.normalise_text(k): v for k, v in (similar or {}).items()},
+        similar={normalise_text(k): v for k, v in (similar or {}).items()},
         neighbours={m.id: m for m in neighbours},
         stored={m.id: m for m in stored},
         near_duplicate_cosine=0.9,

@@ -1,5 +1,6 @@
-"""The gateway's link to JetStream: the stream check, the broker's connection and the
-event-status bucket, brought up without making start-up depend on them.
+"""The gateway's link to JetStream: the stream check, the broker's connection, the
+event-status bucket and the lock bucket (changes of one memory are serialised across
+pods: :mod:`engram_core.memory_ops`), brought up without making start-up depend on them.
 
 The first attempt runs during start-up: a stream with a conflicting configuration
 stops the gateway there (exit 3), as bad configuration should. When NATS (or the node
@@ -17,6 +18,7 @@ from faststream.nats import NatsBroker
 
 from engram_core.bus import ensure_stream, open_bucket
 from engram_core.event_status import EVENTS_BUCKET, EVENTS_TTL_S, EventStatusStore
+from engram_core.locks import LOCK_BUCKET, KeyLocks
 from engram_core.logging import get_logger
 from engram_core.retry import is_transient, retry_transient
 from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError
@@ -30,6 +32,7 @@ class BusLink:
         self.settings = settings
         self.broker = broker
         self._statuses: EventStatusStore | None = None
+        self._locks: KeyLocks | None = None
         self._task: asyncio.Task[None] | None = None
         self._broker_started = False
         #: What the link waits for, while it is not up ("" once it is).
@@ -37,19 +40,28 @@ class BusLink:
 
     @property
     def ready(self) -> bool:
-        return self._statuses is not None
+        return self._statuses is not None and self._locks is not None
 
     @property
     def statuses(self) -> EventStatusStore:
         if self._statuses is None:
-            raise GatewayError(
-                503,
-                f"The event bus is not available yet (waiting for the {self.waiting_for}); "
-                "retry later.",
-                type=SERVICE_UNAVAILABLE,
-                code="event_bus_unavailable",
-            )
+            raise self._unavailable()
         return self._statuses
+
+    @property
+    def locks(self) -> KeyLocks:
+        if self._locks is None:
+            raise self._unavailable()
+        return self._locks
+
+    def _unavailable(self) -> GatewayError:
+        return GatewayError(
+            503,
+            f"The event bus is not available yet (waiting for the {self.waiting_for}); "
+            "retry later.",
+            type=SERVICE_UNAVAILABLE,
+            code="event_bus_unavailable",
+        )
 
     async def start(self) -> None:
         """One attempt now (a non-transient failure is raised), then in the background."""
@@ -107,4 +119,17 @@ class BusLink:
             replicas=settings.stream_replicas,
         )
         self._statuses = EventStatusStore(kv)
+        self.waiting_for = f"key-value bucket {LOCK_BUCKET}"
+        lock_kv = await open_bucket(
+            self.broker.connection.jetstream(timeout=5.0),
+            LOCK_BUCKET,
+            ttl_s=settings.lock_ttl_s,
+            replicas=settings.stream_replicas,
+        )
+        self._locks = KeyLocks(
+            lock_kv,
+            self.broker.connection,
+            ttl_s=settings.lock_ttl_s,
+            wait_s=settings.lock_wait_s,
+        )
         self.waiting_for = ""

@@ -9,15 +9,23 @@ Without a ``user``, what is created or added goes to the tenant-wide bucket
 is named (then it is the conversation of "no user", where chats without ``user`` are
 recorded).
 
-Writes go through :mod:`engram_core.lifecycle` (the same rules as every worker) and are
-announced on ``engram.memory.changed.v1`` (cause ``api``) so the Markdown mirror follows.
-NATS must be connected before a write starts (503 otherwise); if the announcement itself
-then fails, the change stands, the response says ``X-Engram-Mirror: not-persisted`` and
-an error is logged.
+Create, update and delete are :mod:`engram_core.memory_ops` (the one implementation the
+mirror's edits worker shares): serialised per memory across gateway pods, so one DELETE
+and any PATCHes of a memory sent together apply whole, one after the other; each change
+is announced on ``engram.memory.changed.v1`` (cause ``api``) under that lock, so the
+Markdown mirror follows in order. NATS must be connected before a write starts (503
+otherwise); if the announcement itself then fails, the change stands, the response says
+``X-Engram-Mirror: not-persisted`` and an error is logged.
 
 Updates keep history: the previous version is kept as a superseded copy and the edited
-id stays the current version. Rewriting or deleting a fact marks the turns it came from
-as corrected, so they stop competing with what replaced them.
+id stays the current version. A delete removes the memory and its history. Rewriting or
+deleting a fact marks the turns it came from as corrected, so they stop competing with
+what replaced them. Creating a fact its scope already holds (the same text, or a near
+duplicate) returns the existing one: 200 and ``duplicate_of``, instead of 201.
+
+Optimistic concurrency: GET, PATCH and POST answer a strong ``ETag`` (the memory's
+version); ``If-Match`` on PATCH and DELETE (one or more tags, or ``*``) makes the change
+conditional, checked under the lock: another version → 412 ``precondition_failed``.
 """
 
 from __future__ import annotations
@@ -25,17 +33,19 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import uuid
-from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, utcnow
+from engram_core.locks import LockTimeout
 from engram_core.logging import get_logger
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
@@ -43,7 +53,15 @@ from engram_core.memory import (
     MemoryFilter,
     MemoryRecord,
 )
-from engram_core.memory_writes import Change, apply, correct_turns
+from engram_core.memory_ops import (
+    MemoryNotFound,
+    MemoryOps,
+    MemorySuperseded,
+    Precondition,
+    PreconditionFailed,
+    history,
+    version,
+)
 from engram_core.retry import retry_transient
 from engram_gateway.bodies import check_text_size
 from engram_gateway.controls import MemoryControls
@@ -51,6 +69,7 @@ from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayE
 from engram_gateway.memory_models import (
     Accepted,
     AddMemories,
+    CreatedMemory,
     CreateMemory,
     DeletedMemory,
     ErrorResponse,
@@ -82,13 +101,21 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "No such memory or event for this tenant"),
         (408, "The request body did not arrive in time"),
         (409, "Conflict (a superseded version, an X-Request-Id used for another memory)"),
+        (412, "If-Match names another version of the memory"),
         (413, "The body, or a text, is too large (ENGRAM_MAX_TEXT_BYTES)"),
-        (503, "Retrieval or the event bus is unavailable"),
+        (503, "Retrieval or the event bus is unavailable, or the memory stayed busy"),
     )
 }
 router = APIRouter(prefix="/v1", tags=["memories"], responses=_ERRORS)
 
 MemoryIdPath = Annotated[str, Path(description="A memory id (UUID).", max_length=64)]
+IfMatch = Annotated[
+    str | None,
+    Header(
+        alias="If-Match",
+        description="Apply only to this version: one or more ETags (comma-separated), or *.",
+    ),
+]
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -151,50 +178,102 @@ async def _get(state: GatewayState, tenant: str, memory_id: str) -> MemoryRecord
     return memory
 
 
-async def _announce(state: GatewayState, events: list[MemoryChanged]) -> dict[str, str]:
-    """Publish the changes for the mirror; the response headers to add."""
+def _ops(state: GatewayState) -> MemoryOps:
+    """The memory operations, serialised on the bus's locks, announced for the mirror."""
+
+    async def announce(events: Sequence[MemoryChanged]) -> bool:
+        try:
+            for event in events:
+                await publish_event(state.broker, event, retry_s=state.publisher.retry_s)
+        except Exception as exc:
+            log.error(
+                "memory.change_not_announced",
+                then="the mirror misses it",
+                error=f"{type(exc).__name__}",
+                memory_ids=[e.memory.id for e in events],
+            )
+            return False
+        return True
+
+    return MemoryOps(
+        state.memories,
+        state.bus.locks,
+        announce,
+        near_duplicate_cosine=state.settings.near_duplicate_cosine,
+    )
+
+
+@contextmanager
+def _answering_for(memory_id: str) -> Iterator[None]:
+    """The memory operations' refusals, as HTTP errors."""
     try:
-        for event in events:
-            await publish_event(state.broker, event, retry_s=state.publisher.retry_s)
-    except Exception as exc:
-        log.error(
-            "memory.change_not_announced",
-            then="the mirror misses it",
-            error=f"{type(exc).__name__}",
-            memory_ids=[e.memory.id for e in events],
-        )
-        return {MIRROR_HEADER: "not-persisted"}
-    return {}
+        yield
+    except MemoryNotFound:
+        raise _not_found(memory_id) from None
+    except PreconditionFailed as exc:
+        raise GatewayError(
+            412,
+            f"Memory {memory_id} is not at the version If-Match names (it is now "
+            f"{_etag(exc.memory)}); read it again and retry.",
+            code="precondition_failed",
+            param="If-Match",
+            headers={"ETag": _etag(exc.memory)},
+        ) from None
+    except MemorySuperseded as exc:
+        raise GatewayError(
+            409,
+            f"Memory {memory_id} is a superseded version; edit the current one "
+            f"({exc.memory.superseded_by}).",
+            code="memory_superseded",
+        ) from None
+    except LockTimeout:
+        raise GatewayError(
+            503,
+            f"Memory {memory_id} is being changed by another request; retry later.",
+            type=SERVICE_UNAVAILABLE,
+            code="memory_busy",
+            headers={"Retry-After": "1"},
+        ) from None
+
+
+def _etag(memory: MemoryRecord) -> str:
+    return f'"{version(memory)}"'
+
+
+_ENTITY_TAG = re.compile(r'\s*(W/)?"([\x21\x23-\x7e]*)"\s*')
+
+
+def precondition(if_match: str | None) -> Precondition | None:
+    """``If-Match`` as the versions a change may apply to (RFC 9110 strong comparison:
+    a weak tag matches nothing). Malformed: 400."""
+    if if_match is None:
+        return None
+    if if_match.strip() == "*":
+        return Precondition(any_version=True)
+    versions = set()
+    for part in if_match.split(","):
+        match = _ENTITY_TAG.fullmatch(part)
+        if match is None:
+            raise bad_request(
+                'If-Match must be * or a list of entity tags ("...")',
+                param="If-Match",
+                code="invalid_if_match",
+            )
+        if not match.group(1):
+            versions.add(match.group(2))
+    return Precondition(versions=frozenset(versions))
+
+
+def _headers(announced: bool, memory: MemoryRecord | None = None) -> dict[str, str]:
+    """The mirror's state (when the announcement failed) and the memory's ETag."""
+    headers = {} if announced else {MIRROR_HEADER: "not-persisted"}
+    if memory is not None:
+        headers["ETag"] = _etag(memory)
+    return headers
 
 
 def _json(model: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(model.model_dump(mode="json"), status_code=status, headers=headers)
-
-
-async def _history(state: GatewayState, tenant: str, memory: MemoryRecord) -> list[MemoryRecord]:
-    """Every superseded version that leads to ``memory`` (``superseded_by`` chains),
-    oldest first. Candidates: the superseded memories of its kind of its user, in any of
-    the user's conversations (where reconcile and this API put them)."""
-    flt = MemoryFilter(user_id=memory.user_id, kinds=(memory.kind,), include_superseded=True)
-    by_successor: dict[str, list[MemoryRecord]] = defaultdict(list)
-    async for candidate in state.memories.iter_list(tenant, flt):
-        if candidate.superseded_by:
-            by_successor[candidate.superseded_by].append(candidate)
-    versions: list[MemoryRecord] = []
-    frontier, visited = [memory.id], {memory.id}
-    while frontier:
-        for older in by_successor.get(frontier.pop(), []):
-            if older.id not in visited:
-                visited.add(older.id)
-                versions.append(older)
-                frontier.append(older.id)
-
-    def order(m: MemoryRecord) -> tuple[str, str]:
-        end = m.valid_to or m.updated_at
-        start = m.valid_from or m.created_at
-        return (end.isoformat() if end else "", start.isoformat() if start else "")
-
-    return sorted(versions, key=order)
 
 
 # --- list cursors: the filters travel with the position --------------------------------
@@ -291,7 +370,8 @@ def _created_window(query: ListQuery) -> dict[str, Any]:
 @router.get("/memories/{memory_id}", response_model=MemoryOut, summary="Get one memory")
 async def get_memory(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
-    return _json(_out(await _get(state, tenant, _uuid(memory_id, "memory"))))
+    memory = await _get(state, tenant, _uuid(memory_id, "memory"))
+    return _json(_out(memory), headers={"ETag": _etag(memory)})
 
 
 @router.get(
@@ -302,7 +382,7 @@ async def get_memory(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
 async def memory_history(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
     memory = await _get(state, tenant, _uuid(memory_id, "memory"))
-    versions = await _history(state, tenant, memory)
+    versions = await history(state.memories, tenant, memory)
     return _json(MemoryHistory(id=memory.id, data=[_out(m) for m in versions]))
 
 
@@ -357,7 +437,13 @@ def _created_id(tenant: str, rid: str) -> str:
     return str(uuid.uuid5(ID_NAMESPACE, f"memory.create/{tenant}/{rid}"))
 
 
-@router.post("/memories", status_code=201, response_model=MemoryOut, summary="Create a fact memory")
+@router.post(
+    "/memories",
+    status_code=201,
+    response_model=CreatedMemory,
+    summary="Create a fact memory (or get the one that already says it: 200)",
+    responses={200: {"model": CreatedMemory, "description": "The fact was already stored"}},
+)
 async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
     text = _check_text(
@@ -382,7 +468,7 @@ async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
                 "new request id for a new memory.",
                 code="request_id_reused",
             )
-        return _json(_out(existing), 201)
+        return _json(CreatedMemory(**existing.model_dump()), 201, _headers(True, existing))
     created_at = body.created_at or utcnow()
     memory = MemoryRecord(
         id=memory_id,
@@ -395,10 +481,15 @@ async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
         valid_from=created_at,
         metadata={"created_by": CAUSE, "request_id": rid},
     )
-    (event,) = await apply(state.memories, tenant, [Change(memory, "created", CAUSE)])
-    headers = await _announce(state, [event])
+    with _answering_for(memory_id):
+        outcome = await _ops(state).create(tenant, memory, cause=CAUSE)
+    stored = outcome.memory
+    if outcome.duplicate_of:
+        log.info("memory.duplicate_not_created", memory_id=stored.id)
+        created = CreatedMemory(**stored.model_dump(), duplicate_of=outcome.duplicate_of)
+        return _json(created, 200, _headers(True, stored))
     log.info("memory.created", memory_id=memory_id, conversation_id=conversation)
-    return _json(_out(event.memory), 201, headers)
+    return _json(CreatedMemory(**stored.model_dump()), 201, _headers(outcome.announced, stored))
 
 
 @router.patch(
@@ -407,7 +498,7 @@ async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     summary="Edit text and/or tags; the previous version is kept as history",
 )
 async def update_memory(
-    request: Request, memory_id: MemoryIdPath, body: UpdateMemory
+    request: Request, memory_id: MemoryIdPath, body: UpdateMemory, if_match: IfMatch = None
 ) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
     if body.text is None and body.tags is None:
@@ -416,35 +507,21 @@ async def update_memory(
         _check_text(
             body.text, state.settings.max_memory_chars, max_bytes=state.settings.max_text_bytes
         )
-    current = await _get(state, tenant, _uuid(memory_id, "memory"))
-    if current.superseded_by:
-        raise GatewayError(
-            409,
-            f"Memory {current.id} is a superseded version; edit the current one "
-            f"({current.superseded_by}).",
-            code="memory_superseded",
-        )
-    new = lifecycle.edited(current, at=utcnow(), cause=CAUSE, text=body.text, tags=body.tags)
-    if (new.text, new.tags) == (current.text, current.tags):
-        return _json(_out(current))
+    memory_id = _uuid(memory_id, "memory")
+    condition = precondition(if_match)
     _require_bus(state)
-    now = new.valid_from or utcnow()
-    old = lifecycle.history_version(tenant, current, at=now)
-    events = await apply(
-        state.memories,
-        tenant,
-        [
-            Change(old, "superseded", CAUSE, (new.id,)),
-            Change(new, "updated", CAUSE, (old.id,)),
-        ],
-    )
-    if lifecycle.corrects_its_turns(current, new):
-        events += await correct_turns(
-            state.memories, tenant, [current], by=new.id, at=now, cause=CAUSE
+    with _answering_for(memory_id):
+        outcome = await _ops(state).edit(
+            tenant,
+            memory_id,
+            cause=CAUSE,
+            text=body.text,
+            tags=body.tags,
+            precondition=condition,
         )
-    headers = await _announce(state, events)
-    log.info("memory.updated", memory_id=new.id, history_id=old.id)
-    return _json(_out(events[1].memory), 200, headers)
+    if outcome.events:
+        log.info("memory.updated", memory_id=memory_id, history_id=outcome.events[0].memory.id)
+    return _json(_out(outcome.memory), 200, _headers(outcome.announced, outcome.memory))
 
 
 @router.delete(
@@ -452,23 +529,20 @@ async def update_memory(
     response_model=DeletedMemory,
     summary="Delete a memory and its history (tombstoned in the mirror)",
 )
-async def delete_memory(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
+async def delete_memory(
+    request: Request, memory_id: MemoryIdPath, if_match: IfMatch = None
+) -> JSONResponse:
     state, tenant = gateway_state(request), resolve_tenant(request)
-    memory = await _get(state, tenant, _uuid(memory_id, "memory"))
+    memory_id = _uuid(memory_id, "memory")
+    condition = precondition(if_match)
     _require_bus(state)
-    doomed = [memory, *await _history(state, tenant, memory)]
-    gone = set(await state.memories.delete(tenant, [m.id for m in doomed]))
-    events = [lifecycle.change(tenant, m, "deleted", cause=CAUSE) for m in doomed if m.id in gone]
-    if memory.is_current and lifecycle.corrects_its_turns(memory, None):
-        events += await correct_turns(
-            state.memories, tenant, [memory], by="", at=utcnow(), cause=CAUSE
-        )
-    headers = await _announce(state, events)
-    log.info("memory.deleted", memory_id=memory.id, with_history=len(doomed) - 1)
+    with _answering_for(memory_id):
+        outcome = await _ops(state).delete(tenant, memory_id, cause=CAUSE, precondition=condition)
+    log.info("memory.deleted", memory_id=memory_id, with_history=len(outcome.deleted_ids) - 1)
     return _json(
-        DeletedMemory(id=memory.id, deleted_ids=[m.id for m in doomed if m.id in gone]),
+        DeletedMemory(id=outcome.memory.id, deleted_ids=outcome.deleted_ids),
         200,
-        headers,
+        _headers(outcome.announced),
     )
 
 

@@ -117,6 +117,14 @@ class MemoryOut(MemoryRecord):
     object: Literal["memory"] = "memory"
 
 
+class CreatedMemory(MemoryOut):
+    duplicate_of: str | None = Field(
+        default=None,
+        description="Set (to this memory's id) when the fact was already stored in this "
+        "scope: the existing memory is returned (200) and nothing new is created.",
+    )
+
+
 class MemoryList(BaseModel):
     object: Literal["list"] = "list"
     data: list[MemoryOut]

@@ -10,11 +10,13 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import NoDecode
 
+from engram_core.locks import LockSettingsMixin
+from engram_core.near_duplicates import NearDuplicateSettingsMixin
 from engram_core.settings import EngramSettings
 from engram_gateway.keys import KeyTable
 
 
-class GatewaySettings(EngramSettings):
+class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMixin):
     """Everything the gateway reads from the environment (on top of the shared variables)."""
 
     gateway_host: str = Field(default="127.0.0.1", min_length=1, description="Bind address.")

@@ -36,9 +36,14 @@ from pydantic import Field
 from engram_core.event_status import EventStatusStore, record_status
 from engram_core.events import FactProposed, MemoryChanged
 from engram_core.logging import get_logger
-from engram_core.memory import MemoryFilter, MemoryRecord, SearchQuery
+from engram_core.memory import MemoryFilter, MemoryRecord
 from engram_core.memory_port import MemoryPort
 from engram_core.memory_writes import apply, correct_turns
+from engram_core.near_duplicates import (
+    NearDuplicateSettingsMixin,
+    normalise_text,
+    similar_facts_query,
+)
 from engram_workers.llm import AskLlm, LlmClient, LlmSettingsMixin
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.reconcile import core
@@ -54,7 +59,9 @@ from engram_workers.runtime import (
 log = get_logger(__name__)
 
 
-class ReconcileSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
+class ReconcileSettings(
+    WorkerSettings, LlmSettingsMixin, LockSettingsMixin, NearDuplicateSettingsMixin
+):
     health_port: int = Field(
         default=8202, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
     )
@@ -65,12 +72,6 @@ class ReconcileSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     )
     reconcile_neighbours: int = Field(
         default=10, ge=1, le=50, description="Existing facts fetched per new fact (top_k)."
-    )
-    near_duplicate_cosine: float = Field(
-        default=0.90,
-        gt=0.0,
-        le=1.0,
-        description="A new fact this similar to a current fact is not stored again.",
     )
 
 
@@ -114,22 +115,17 @@ class Neighbourhood:
         self.records: dict[str, MemoryRecord] = {}
 
     async def search(self, text: str) -> dict[str, float]:
-        key = core.normalise_text(text)
+        key = normalise_text(text)
         if key not in self.similar:
             p = self.proposal
             result = await self.memories.search(
-                SearchQuery(
-                    tenant=p.tenant,
-                    text=text,
+                similar_facts_query(
+                    p.tenant,
+                    text,
                     user_id=p.user_id,
                     conversation_id=p.conversation_id,
-                    kinds=("fact",),
                     top_k=self.top_k,
-                    score_threshold=0.0,
-                    recency_weight=0.0,
-                    mmr_lambda=1.0,
                     now=p.turn_created_at,
-                    attachments=False,
                 )
             )
             self.similar[key] = {hit.memory.id: hit.scores.dense for hit in result.hits}

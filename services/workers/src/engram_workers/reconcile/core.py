@@ -11,9 +11,10 @@ and is unit-tested without NATS, retrieval or a model:
   proposed, are rejected; a fact left without a valid decision is added (nothing is
   lost); ``NONE`` keeps what is stored. A model that fails: every fact is added.
 - **facts**: a new fact gets a deterministic id (tenant, user, conversation, text) and is
-  not stored again when a current fact is a near-duplicate (cosine ≥ the setting and the
-  same names and numbers); UPDATE/DELETE targets are superseded by it (kept as history,
-  their source turns marked corrected); a statement that was true, was replaced, and is
+  not stored again when a current fact is a near-duplicate (the same text, or cosine ≥
+  the setting and the same names and numbers: :mod:`engram_core.near_duplicates`);
+  UPDATE/DELETE targets are superseded by it (kept as history, their source turns
+  marked corrected); a statement that was true, was replaced, and is
   true again gets a new version (its id includes the turn).
 - **profile**: one active value per (user, category, key); a less confident value never
   replaces a more confident one; the same value said more surely raises the confidence.
@@ -22,7 +23,6 @@ and is unit-tested without NATS, retrieval or a model:
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from engram_core import lifecycle
 from engram_core.events import FactProposed
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryRecord, ProposedProfileFact
 from engram_core.memory_writes import Change
+from engram_core.near_duplicates import is_near_duplicate, normalise_text
 from engram_workers import prompts
 from engram_workers.extraction import normalise_key
 from engram_workers.llm import Ask, FellBack
@@ -43,32 +44,7 @@ FACT_ID_NAMESPACE = uuid.UUID("0b7e3a56-5c2d-4f1e-8f43-7265636f6e63")
 Action = Literal["ADD", "UPDATE", "DELETE", "NONE", "FALLBACK"]
 PROFILE_CAUSE = "reconcile:profile"
 
-# --- what counts as the same statement -------------------------------------------------
-
-
-def normalise_text(text: str) -> str:
-    """What makes two statements "the same text": case, spacing, final full stop."""
-    return " ".join(text.split()).rstrip(" .!").casefold()
-
-
-_WORD = re.compile(r"[^\W_][\w'-]*")
-_GENERIC = frozenset({"user", "user's", "i", "i'm"})
-
-
-def specifics(text: str) -> frozenset[str]:
-    """Numbers and names (capitalised words after the first) in a statement.
-
-    Sentence embeddings barely see them: "User loves painting number 1" and "... number 2"
-    have a cosine above 0.9. Two statements are only near-duplicates when these agree.
-    """
-    found = set()
-    for position, word in enumerate(_WORD.findall(text.replace("\u2019", "'"))):
-        lowered = word.lower()
-        if any(ch.isdigit() for ch in word):
-            found.add(lowered)
-        elif position > 0 and word[0].isupper() and lowered not in _GENERIC:
-            found.add(lowered.removesuffix("'s"))
-    return frozenset(found)
+# --- what counts as the same statement: engram_core.near_duplicates ---------------------
 
 
 def fact_memory_id(
@@ -339,8 +315,9 @@ def duplicate_of(text: str, plan: Plan, ctx: FactContext, exclude: set[str]) -> 
         for memory_id, cosine in ctx.similar.get(key, {}).items()
         if memory_id not in exclude
         and memory_id not in plan.superseded
-        and cosine >= ctx.near_duplicate_cosine
-        and specifics(ctx.neighbours[memory_id].text) == specifics(text)
+        and is_near_duplicate(
+            text, ctx.neighbours[memory_id].text, cosine, ctx.near_duplicate_cosine
+        )
     ]
     return max(candidates)[1] if candidates else None
 
