@@ -10,6 +10,7 @@ counted by ``engram.llm.fallbacks`` — never in a silent loss.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,7 @@ from engram_cli.scripted_llm import Completion, RuleBasedBrain
 from engram_core.memory import MemoryRecord
 from engram_core.metrics import prometheus_exposition, setup_metrics
 from engram_testing.upstream import ScriptedUpstream
-from engram_workers.extraction import Extraction, extract
+from engram_workers.extraction import Extraction, clean_output, extract
 from engram_workers.llm import AskLlm, FellBack, LlmClient, LlmSettingsMixin
 from engram_workers.prompts import ExtractOutput, ReconcileOutput, SummaryOutput
 from engram_workers.reconcile import core as reconcile_core
@@ -251,3 +252,30 @@ def test_every_style_has_a_case_and_the_scripted_upstream_sends_reasoning_fields
     assert {"json5", "python_literals", "truncated", "empty", "refusal"} <= set(REPLY_STYLES)
     completion = Completion("{}", reasoning="hmm", reasoning_field="reasoning")
     assert completion.message() == {"role": "assistant", "content": "{}", "reasoning": "hmm"}
+
+
+def test_what_small_models_overdo_in_an_extraction_costs_only_that_part() -> None:
+    reply = json.dumps(
+        {
+            "facts": ["User has a kayak", "User named it Zephyr", "User paddles", "User rows"],
+            "profile": [
+                {"category": "hobby", "key": "sport", "value": "kayak", "confidence": 0.9},
+                {"category": "identity", "key": "kayak", "value": "Zephyr", "confidence": 95},
+                {
+                    "category": "preference",
+                    "key": "day",
+                    "value": "Sunday",
+                    "confidence": 0.8,
+                    "reason": "said so",
+                },
+            ],
+        }
+    )
+    parsed = parse_reply(ModelReply(reply), ExtractOutput)
+    facts, profile = clean_output(parsed)
+    assert facts == ["User has a kayak", "User named it Zephyr", "User paddles"]  # 3 kept
+    # an unknown category or a confidence out of range drops that entry; an extra field
+    # is ignored: the facts beside them still count
+    assert [(p.category, p.key, p.value) for p in profile] == [("preference", "day", "Sunday")]
+    schema = ExtractOutput.model_json_schema()
+    assert schema["properties"]["facts"]["maxItems"] == 3  # still asked for at most 3

@@ -9,9 +9,9 @@ what tests and ``engram scripted-llm`` script a model by.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engram_core.memory import ProposedProfileFact
 from engram_workers.llm import LlmTask
@@ -33,8 +33,36 @@ class ExtractInput(_Model):
 
 
 class ExtractOutput(_Model):
-    facts: list[str] = Field(default_factory=list, max_length=3)
+    """What small models overdo costs only that part: the schema asks for 3 facts and
+    the cleaning keeps 3, so a fourth does not void the answer; a profile entry that
+    does not validate (an unknown category, a confidence of 95) is dropped, and its
+    fields the schema does not name are ignored, so the facts beside it still count."""
+
+    facts: list[str] = Field(default_factory=list, json_schema_extra={"maxItems": 3})
     profile: list[ProposedProfileFact] = Field(default_factory=list)
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _valid_entries(cls, entries: Any) -> Any:
+        """Profile entries that validate, of those shaped like one (anything else is
+        left for validation to refuse: a whole answer is no profile entry)."""
+        if not isinstance(entries, list):
+            return entries
+        fields = ProposedProfileFact.model_fields
+        kept: list[Any] = []
+        for entry in entries:
+            if not isinstance(entry, dict) or not {"category", "key", "value"} <= entry.keys():
+                kept.append(entry)
+                continue
+            try:
+                kept.append(
+                    ProposedProfileFact.model_validate(
+                        {k: v for k, v in entry.items() if k in fields}
+                    )
+                )
+            except ValidationError:
+                continue
+        return kept
 
 
 EXTRACT_INSTRUCTIONS = """\
