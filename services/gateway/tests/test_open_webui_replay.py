@@ -2,11 +2,13 @@
 replayed through the gateway, against the real nats-server, the scripted upstream and a
 fake retrieval service: a temporary chat is not remembered, the background tasks are
 left alone, a saved chat is a conversation named by its chat id, and the person's
-non-ASCII name breaks nothing."""
+non-ASCII name breaks nothing and is shown beside the person's id."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -14,9 +16,13 @@ import pytest
 
 from engram_cli.scripted_llm import ToolCall
 from engram_gateway.settings import GatewaySettings
+from engram_gateway.user_names import display_name
 from engram_testing.open_webui import OPEN_WEBUI_VERSION, CapturedRequest, capture, replay
+from engram_testing.waiting import eventually
+from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
-from .conftest import FakeMemoryService, JetStreamReader
+from .conftest import FakeMemoryService, JetStreamReader, StartGateway
+from .test_memory_api import KEYS, A, B, _create
 
 
 async def replay_all(
@@ -162,3 +168,86 @@ def test_the_captures_say_where_they_came_from() -> None:
             assert "authorization" not in request.headers
             assert request.headers["x-openwebui-user-name"] == "Jos%C3%A9 M%C3%BCller"
     assert OPEN_WEBUI_VERSION == "0.12.4"
+
+
+# --- the person's name ---------------------------------------------------------------
+
+
+def test_a_forwarded_name_is_read_as_text() -> None:
+    """Percent-encoded (what Open WebUI sends), raw UTF-8 (read by the server as
+    Latin-1), or plain; control characters dropped, NFC, capped; blank is none."""
+    header = "X-OpenWebUI-User-Name"
+    assert display_name({header: "Jos%C3%A9 M%C3%BCller"}, header) == "José Müller"
+    assert display_name({header: "José Müller".encode().decode("latin-1")}, header) == "José Müller"
+    assert display_name({header: "Jose\u0301"}, header) == "José"
+    assert display_name({header: "Ana%0A%1B[31m Lima"}, header) == "Ana[31m Lima"
+    assert display_name({header: "100% Mia"}, header) == "100% Mia"
+    assert display_name({header: "  "}, header) is None
+    assert display_name({}, header) is None
+    assert display_name({header: "Mia"}, "") is None
+    assert len(display_name({header: "x" * 500}, header) or "") == 200
+
+
+@pytest.fixture
+async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
+    async with running_retrieval(tmp_path / "retrieval") as running:
+        yield running
+
+
+async def _listed(http: httpx2.AsyncClient, key: dict[str, str]) -> dict[str, dict[str, Any]]:
+    users = (await http.get("/v1/users", headers=key)).json()["data"]
+    return {user["id"]: user for user in users}
+
+
+async def test_users_are_listed_with_the_name_their_client_forwarded(
+    start_gateway: StartGateway, retrieval: RealRetrieval
+) -> None:
+    """After José's Open WebUI chat, ``GET /v1/users`` shows his name beside his id; for
+    his tenant only (another tenant's user with the same id has none); a temporary chat
+    records no name."""
+    gateway = await start_gateway(retrieval_address=retrieval.address, api_keys=KEYS)
+    http = gateway.client()
+    chat = capture("normal_chat")
+    jose = chat[1].user_id
+    for key in (A, B):
+        await _create(http, key, text="User has a cat.", user=jose, conversation="notes")
+    await _create(http, A, text="User likes tea.", user="ana", conversation="notes")
+    assert "name" not in (await _listed(http, A))[jose]
+
+    for request in chat[:3]:  # the models list, the title task, the first message
+        assert (await replay(http, request, headers=A)).status_code == 200
+
+    async def named() -> bool:
+        return (await _listed(http, A))[jose].get("name") == "José Müller"
+
+    await eventually(named, 10, what="José's name in /v1/users")
+    assert (await _listed(http, A))[jose] == {
+        "object": "user",
+        "id": jose,
+        "name": "José Müller",
+        "memories": 1,
+    }
+    assert "name" not in (await _listed(http, B))[jose]
+
+    temporary = capture("temporary_chat")[0]
+    as_ana = {"x-openwebui-user-id": "ana", "x-openwebui-user-name": "Ana%20Lima", **A}
+    assert (await replay(http, temporary, headers=as_ana)).status_code == 200
+    await asyncio.sleep(0.5)
+    assert "name" not in (await _listed(http, A))["ana"]
+
+
+async def test_a_name_sent_as_raw_utf8_is_read_the_same(
+    start_gateway: StartGateway, retrieval: RealRetrieval
+) -> None:
+    """A client that puts the name's UTF-8 bytes in the header as they are (not
+    percent-encoded like Open WebUI): the chat is answered, and the name reads right."""
+    gateway = await start_gateway(retrieval_address=retrieval.address, api_keys=KEYS)
+    http = gateway.client()
+    await _create(http, A, text="User likes tea.", user="zoe", conversation="notes")
+    raw = {"x-openwebui-user-id": "zoe", "x-openwebui-user-name": "Zoë Ana".encode(), **A}
+    assert (await replay(http, capture("normal_chat")[2], headers=raw)).status_code == 200
+
+    async def zoe_named() -> str | None:
+        return (await _listed(http, A))["zoe"].get("name")
+
+    assert await eventually(zoe_named, 10, what="Zoë's name in /v1/users") == "Zoë Ana"

@@ -2,7 +2,8 @@
 ``GET /v1/conversations?user=`` (one user's conversations), each with how many
 memories it holds, most first. From retrieval's ``ListScopes`` (through the memory
 port), so tenant-scoped like every call; for browsing (the memory browser, agents), not
-for exact accounting.
+for exact accounting. A user carries the display name its chat client forwarded, where
+the gateway recorded one (:mod:`engram_gateway.user_names`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class ConversationsQuery(_ScopeQuery):
 class UserOut(BaseModel):
     object: Literal["user"] = "user"
     id: str = Field(description="The user id; empty for memories that have no user.")
+    name: str | None = Field(
+        default=None,
+        description="The display name the user's chat client last forwarded "
+        "(ENGRAM_GATEWAY_USER_NAME_HEADER), when there is one: a label, not identity.",
+    )
     memories: int
 
 
@@ -80,11 +86,17 @@ async def _scopes(request: Request, query: _ScopeQuery, user: str | None) -> Sco
 @router.get("/users", response_model=UserList, summary="The tenant's users, most memories first")
 async def list_users(request: Request, query: Annotated[_ScopeQuery, Query()]) -> JSONResponse:
     reply = await _scopes(request, query, None)
+    names = await gateway_state(request).user_names.names(
+        resolve_tenant(request), (s.user_id for s in reply.scopes)
+    )
     users = UserList(
-        data=[UserOut(id=s.user_id, memories=s.memories) for s in reply.scopes],
+        data=[
+            UserOut(id=s.user_id, name=names.get(s.user_id), memories=s.memories)
+            for s in reply.scopes
+        ],
         has_more=reply.truncated,
     )
-    return JSONResponse(users.model_dump(mode="json"))
+    return JSONResponse(users.model_dump(mode="json", exclude_none=True))
 
 
 @router.get(

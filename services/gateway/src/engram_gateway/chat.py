@@ -222,6 +222,9 @@ async def chat_completions(request: Request) -> Response:
             with suppress(Exception):
                 await upstream.aclose()
             raise
+        state.user_names.remember_from(
+            request.headers, scope.tenant, scope.user_id, body_user=forwarded.get("user")
+        )
     headers[SERVER_TIMING_HEADER] = timing.header()
     if stream:
         hits = memory.hits if memory.status is not MemoryStatus.BYPASSED else None

@@ -79,6 +79,14 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
         "memory_id (Open WebUI forwards its chat id in this one with "
         "ENABLE_FORWARD_USER_INFO_HEADERS); empty: only memory_id.",
     )
+    gateway_user_name_header: str = Field(
+        default="X-OpenWebUI-User-Name",
+        max_length=200,
+        description="The request header carrying the person's display name (Open WebUI "
+        "forwards it percent-encoded with ENABLE_FORWARD_USER_INFO_HEADERS): recorded with "
+        "the user's turns when the user came from ENGRAM_GATEWAY_USER_HEADER, shown beside "
+        "the id in GET /v1/users and the memory browser; a label, never identity; empty: none.",
+    )
     gateway_temporary_chat_prefixes: Annotated[tuple[str, ...], NoDecode] = Field(
         default=("temporary:", "local:"),
         description="A conversation named by ENGRAM_GATEWAY_CONVERSATION_HEADER that starts "

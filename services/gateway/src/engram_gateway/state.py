@@ -16,6 +16,7 @@ from engram_gateway.request_ids import REQUEST_ID_HEADER, RequestIdMiddleware, r
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream
+from engram_gateway.user_names import UserNames
 
 
 @dataclass
@@ -28,6 +29,11 @@ class GatewayState:
     bus: BusLink
     #: For the gateway's own spans (the upstream LLM call): the app's tracer provider.
     tracer: trace.Tracer = field(default_factory=lambda: trace.get_tracer("engram.gateway"))
+    #: Display names the chat clients forward, per tenant (over the bus link's bucket).
+    user_names: UserNames = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.user_names = UserNames(self.bus)
 
     @property
     def statuses(self) -> EventStatusStore:

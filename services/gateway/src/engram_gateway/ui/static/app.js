@@ -265,12 +265,20 @@ function filterParams() {
   return params;
 }
 
+// A user's display name (what their chat client forwarded; a label, not identity)
+// beside the id, or the id alone.
+function userLabel(user) {
+  if (!user.id) return "(no user)";
+  if (!user.name) return user.id;
+  return h("span", { class: "user-name" }, user.name, " ", h("small", { class: "user-id" }, user.id));
+}
+
 // The user picked in the list: null (every user), "" (memories without a user) or an id.
 async function loadUsers() {
   const users = await api("GET", "/v1/users", { params: { limit: 200 } });
   $("user-list").replaceChildren(
     ...users.data.map((user) =>
-      scopeButton(user.id || "(no user)", user.memories, user.id === browse.user, () => chooseUser(user.id)),
+      scopeButton(userLabel(user), user.memories, user.id === browse.user, () => chooseUser(user.id)),
     ),
   );
   if (!users.data.length) $("user-list").append(h("li", { class: "hint" }, "No memories yet."));
