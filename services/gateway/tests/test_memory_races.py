@@ -181,6 +181,8 @@ async def test_etag_and_if_match_make_a_change_conditional(
         assert refused.status_code == 412, refused.text
         assert refused.json()["error"]["code"] == "precondition_failed"
         assert refused.json()["error"]["type"] == "invalid_request_error"
+    malformed = await pods[0].delete(f"{MEM}/{memory_id}", headers={**AUTH, "If-Match": "abc"})
+    assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, "invalid_if_match")
     current = (await pods[0].get(f"{MEM}/{memory_id}", headers=AUTH)).json()
     assert current["text"] == "User's desk is by the door."
 

@@ -352,7 +352,8 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         tags: TagsArg = None,
     ) -> dict[str, Any]:
         """Store one fact verbatim (no extraction, no reconciliation): it is searchable
-        at once. Returns the new memory with its `id`."""
+        at once. Returns the new memory with its `id`; when the scope already holds the
+        same fact, that memory instead, with `duplicate_of` set to its id."""
         body = _without_none(
             {"text": text, "user": user, "conversation": conversation, "tags": tags or []}
         )
