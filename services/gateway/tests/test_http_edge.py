@@ -137,3 +137,88 @@ async def test_the_passthrough_forwards_exactly_the_path_it_checked(
     reply = await conn.request("GET", target)
     assert reply.status in (200, 404), reply.body
     assert scripted_upstream.reached == [("GET", forwarded)]
+
+
+# --- header bytes ----------------------------------------------------------------------
+
+JOSE = "José".encode()  # what Open WebUI sends for X-OpenWebUI-User-Name: UTF-8 bytes
+NON_ASCII_HEADERS = [
+    b"X-OpenWebUI-User-Name: " + JOSE,
+    b"User-Agent: " + "Bücherwurm/1.0 (Zürich)".encode(),
+    b"X-Anything: caf\xe9",  # a latin-1 byte that is not UTF-8
+    b"X-Stainless-Lang: \xff\xfe",
+]
+
+
+def _sent(upstream: EveryRequestUpstream, name: str) -> bytes | None:
+    """A header as the upstream received it, in bytes (Starlette decodes latin-1)."""
+    value = upstream.requests[-1].headers.get(name)
+    return None if value is None else value.encode("latin-1")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_non_ascii_header_bytes_chat_fine_and_reach_the_upstream_unchanged(
+    conn: RawConnection, scripted_upstream: EveryRequestUpstream, stream: bool
+) -> None:
+    chat = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "Hi"}]}
+    reply = await conn.request("POST", CHAT, chat, headers=NON_ASCII_HEADERS)
+    assert reply.status == 200, reply.body
+    assert _sent(scripted_upstream, "x-openwebui-user-name") == JOSE
+    assert _sent(scripted_upstream, "user-agent") == "Bücherwurm/1.0 (Zürich)".encode()
+    assert _sent(scripted_upstream, "x-anything") == b"caf\xe9"
+    assert _sent(scripted_upstream, "x-stainless-lang") == b"\xff\xfe"
+
+
+async def test_non_ascii_header_bytes_pass_through_fine(
+    conn: RawConnection, scripted_upstream: EveryRequestUpstream
+) -> None:
+    reply = await conn.request("GET", "/v1/models", headers=NON_ASCII_HEADERS)
+    assert reply.status == 200, reply.body
+    assert _sent(scripted_upstream, "x-openwebui-user-name") == JOSE
+    assert _sent(scripted_upstream, "user-agent") == "Bücherwurm/1.0 (Zürich)".encode()
+
+
+async def test_only_allowed_caller_headers_reach_the_upstream(
+    conn: RawConnection, scripted_upstream: EveryRequestUpstream
+) -> None:
+    sent = {
+        "Idempotency-Key": "idem-1",
+        "OpenAI-Beta": "assistants=v2",
+        "OpenAI-Organization": "org-1",
+        "Anthropic-Version": "2023-06-01",
+        "HTTP-Referer": "https://app.example",
+        "X-Title": "My app",
+        "X-Stainless-Lang": "python",
+        "X-OpenWebUI-User-Id": "u-1",
+        "Accept-Language": "fr",
+        "Cookie": "session=secret",
+        "Origin": "https://evil.example",
+        "Referer": "https://intranet.example/page",
+        "Forwarded": "for=10.0.0.1",
+        "X-Forwarded-For": "10.0.0.1",
+        "X-Real-IP": "10.0.0.1",
+        "X-Engram-Memory": "true",
+        "If-None-Match": '"abc"',
+        "Sec-Fetch-Site": "cross-site",
+    }
+    lines = [f"{k}: {v}".encode() for k, v in sent.items()]
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    for method, target, body in (("POST", CHAT, chat), ("GET", "/v1/models", None)):
+        reply = await conn.request(method, target, body, headers=lines)
+        assert reply.status == 200, reply.body
+        received = scripted_upstream.requests[-1].headers
+        for name in list(sent)[:9]:
+            assert received.get(name.lower()) == sent[name], (target, name)
+        for name in list(sent)[9:]:
+            assert name.lower() not in received, (target, name)
+
+
+def test_a_header_value_with_a_control_byte_is_dropped_not_sent() -> None:
+    from engram_gateway.settings import GatewaySettings
+    from engram_gateway.upstream import Upstream
+
+    upstream = Upstream(GatewaySettings(), None, None)  # type: ignore[arg-type]
+    headers = upstream.forward_headers(
+        {"x-ok": " fine ", "x-bad": "a\x01b", "x-nul": "a\x00", "x-tab": "a\tb"}, chat=True
+    )
+    assert headers == {"x-ok": b"fine", "x-tab": b"a\tb"}

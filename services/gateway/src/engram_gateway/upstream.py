@@ -3,9 +3,21 @@ other ``/v1`` path through the same (shared, instrumented) HTTP client.
 
 Transparency: the chat body is sent as the exact JSON the caller posted minus the
 memory controls (plus the injected memory message); nothing goes through the SDK's
-typed parameters, so no field is dropped, renamed or re-shaped. The caller's headers
-are forwarded except hop-by-hop ones, cookies, trace context (the gateway's own span
-is the parent upstream) and ``X-Engram-*``.
+typed parameters, so no field is dropped, renamed or re-shaped.
+
+Caller headers: an allowlist (:func:`is_forwarded`, docs/gateway.md). What SDKs and
+chat front ends send for the model reaches it: ``Accept``, ``Accept-Language``,
+``User-Agent``, ``Idempotency-Key``, ``OpenAI-*``, ``Anthropic-*``, OpenRouter's
+``HTTP-Referer``, and every ``X-*`` extension header (``X-Stainless-*``,
+``X-OpenWebUI-*``, a caller's own tags), plus ``Content-Type``/``Accept-Encoding`` on
+pass-through (chat bodies are re-serialised and decoded by the gateway). Never: other
+standard headers (``Cookie``, ``Origin``, ``Referer``, ``Forwarded``, ``If-*``,
+``Range``, ``Sec-*``, hop-by-hop ones, ...), ``X-Forwarded-*``/``X-Real-IP`` (the
+gateway is the upstream's client), trace context (the gateway's own span is the parent
+upstream), ``X-Engram-*`` and the caller's ``Authorization`` (:meth:`Upstream._authorization`).
+A value is sent as the bytes that arrived (RFC 9110 allows bytes 0x80-0xFF, so a UTF-8
+``X-OpenWebUI-User-Name: José`` is relayed as it came, not refused nor re-encoded); a
+value with a control byte is dropped, never sent and never a 500.
 
 Nor are the caller's SDK *call options* forwarded (``X-Stainless-Raw-Response`` from
 ``with_raw_response``/``with_streaming_response``, the SDK's private cast override,
@@ -21,7 +33,9 @@ failure → 502; a timeout → 504. Always OpenAI-shaped, never a traceback.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import httpx2
@@ -34,6 +48,27 @@ from engram_gateway.settings import GatewaySettings
 
 log = get_logger(__name__)
 
+#: Standard headers that reach the upstream (lower-case names).
+_FORWARDED_NAMES = frozenset(
+    {"accept", "accept-language", "user-agent", "idempotency-key", "http-referer"}
+)
+#: Header families that reach the upstream: extension headers and the providers' own.
+_FORWARDED_PREFIXES = ("x-", "openai-", "anthropic-")
+#: Within those: the gateway's own, proxy bookkeeping the gateway re-does as the
+#: upstream's client, trace context and credentials handled apart.
+_NEVER_FORWARDED_PREFIXES = ("x-engram-", "x-forwarded-")
+_NEVER_FORWARDED = frozenset({"x-real-ip", "x-client-ip", "x-upstream-authorization"})
+# The caller's SDK's per-call options (openai-python and openai-node): never a server's
+# business, and they steer an SDK that reads them (the gateway's own client does).
+_SDK_CALL_OPTIONS = frozenset({"x-stainless-raw-response", "____stainless_override_cast_to"})
+# What the gateway's own client sets for its chat call.
+_SDK_CALL_STATE = frozenset(
+    {"x-stainless-retry-count", "x-stainless-read-timeout", "x-stainless-timeout"}
+)
+# Relayed on pass-through only: chat bodies are re-serialised and decoded by the gateway.
+_PASSTHROUGH_ONLY = frozenset({"content-type", "accept-encoding"})
+_CONTROL_BYTES = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+UPSTREAM_AUTH_HEADER = "x-upstream-authorization"
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -48,31 +83,43 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Never forwarded upstream: rebuilt by the HTTP client, gateway-only, or the caller's
-# credentials for something other than the LLM.
-_DROP_REQUEST = _HOP_BY_HOP | {
-    "host",
-    "content-length",
-    "expect",
-    "cookie",
-    "authorization",
-    "x-upstream-authorization",
-    "traceparent",
-    "tracestate",
-    "baggage",
-}
-# The caller's SDK's per-call options (openai-python and openai-node): never a server's
-# business, and they steer an SDK that reads them (the gateway's own client does).
-_SDK_CALL_OPTIONS = frozenset({"x-stainless-raw-response", "____stainless_override_cast_to"})
-# What the gateway's own client sets for its chat call.
-_SDK_CALL_STATE = frozenset(
-    {"x-stainless-retry-count", "x-stainless-read-timeout", "x-stainless-timeout"}
-)
-_DROP_REQUEST = _DROP_REQUEST | _SDK_CALL_OPTIONS
-# Chat bodies are re-serialised and decoded by the gateway.
-_DROP_CHAT_REQUEST = _DROP_REQUEST | _SDK_CALL_STATE | {"content-type", "accept-encoding"}
-UPSTREAM_AUTH_HEADER = "x-upstream-authorization"
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length", "date", "server"}
+
+
+def is_forwarded(name: str, *, chat: bool) -> bool:
+    """Whether a caller's header (lower-case name) reaches the upstream."""
+    if name in _NEVER_FORWARDED or name.startswith(_NEVER_FORWARDED_PREFIXES):
+        return False
+    if name in _SDK_CALL_OPTIONS or (chat and name in _SDK_CALL_STATE):
+        return False
+    if name in _FORWARDED_NAMES or name.startswith(_FORWARDED_PREFIXES):
+        return True
+    return not chat and name in _PASSTHROUGH_ONLY
+
+
+def _wire_value(value: str) -> bytes | None:
+    """A header value as the bytes that arrived (Starlette decodes them as latin-1),
+    without surrounding whitespace; None when it holds a control byte."""
+    value = value.strip()
+    if _CONTROL_BYTES.search(value):
+        return None
+    return value.encode("latin-1", "replace")
+
+
+# The SDK re-reads its headers as text and encodes them as ASCII, so a non-ASCII value
+# cannot travel through it: the chat call puts such values here and this hook sets them,
+# as bytes, on the request the SDK built (in the same task, retries included).
+_NON_ASCII_HEADERS: ContextVar[Mapping[str, bytes] | None] = ContextVar(
+    "engram_non_ascii_headers", default=None
+)
+
+
+async def _set_non_ascii_headers(request: httpx2.Request) -> None:
+    if raw := _NON_ASCII_HEADERS.get():
+        # A new Headers: it works out its text encoding again, for readers such as the
+        # tracing instrumentation (the old one settled on ASCII).
+        kept = [(k, v) for k, v in request.headers.raw if k.lower().decode() not in raw]
+        request.headers = httpx2.Headers([*kept, *((k.encode(), v) for k, v in raw.items())])
 
 
 def make_http_client(settings: GatewaySettings) -> httpx2.AsyncClient:
@@ -80,6 +127,7 @@ def make_http_client(settings: GatewaySettings) -> httpx2.AsyncClient:
         timeout=httpx2.Timeout(settings.llm_timeout_s, connect=settings.llm_connect_timeout_s),
         limits=httpx2.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
+        event_hooks={"request": [_set_non_ascii_headers]},
     )
 
 
@@ -186,17 +234,17 @@ class Upstream:
             return headers.get("authorization")
         return None  # the caller's Authorization is its Engram key: never forwarded
 
-    def forward_headers(self, incoming: Mapping[str, str], *, chat: bool) -> dict[str, str]:
-        drop = _DROP_CHAT_REQUEST if chat else _DROP_REQUEST
-        # Lower-case names throughout: one spelling per header, no duplicates on merge.
-        # Values without surrounding whitespace, which is not part of a field value
-        # (RFC 9110) and which the HTTP client refuses to send ("Bearer ").
-        headers = {
-            k.lower(): v.strip()
-            for k, v in incoming.items()
-            if k.lower() not in drop and not k.lower().startswith("x-engram-")
-        }
-        auth = (self._authorization(incoming) or "").strip()
+    def forward_headers(self, incoming: Mapping[str, str], *, chat: bool) -> dict[str, bytes]:
+        """The caller's allowed headers as bytes (:func:`is_forwarded`), plus the upstream
+        credential. Lower-case names throughout: one spelling per header, no duplicates
+        on merge. Values without surrounding whitespace, which is not part of a field
+        value (RFC 9110) and which the HTTP client refuses to send ("Bearer ")."""
+        headers: dict[str, bytes] = {}
+        for name, value in incoming.items():
+            name = name.lower()
+            if is_forwarded(name, chat=chat) and (wire := _wire_value(value)) is not None:
+                headers[name] = wire
+        auth = _wire_value(self._authorization(incoming) or "")
         if auth:
             headers["authorization"] = auth
         return headers
@@ -205,10 +253,15 @@ class Upstream:
         self, body: dict[str, Any], incoming: Mapping[str, str], *, stream: bool
     ) -> httpx2.Response:
         """POST /chat/completions. With ``stream`` the body is left unread for relaying."""
-        headers: dict[str, Any] = self.forward_headers(incoming, chat=True)
+        forwarded = self.forward_headers(incoming, chat=True)
+        non_ascii = {k: v for k, v in forwarded.items() if not v.isascii()}
+        headers: dict[str, Any] = {
+            k: Omit() if k in non_ascii else v.decode("ascii") for k, v in forwarded.items()
+        }
         headers.setdefault("authorization", Omit())  # no key at all: send none
         headers["content-type"] = "application/json"
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        token = _NON_ASCII_HEADERS.set(non_ascii)
         try:
             return await self.llm.post(
                 "/chat/completions",
@@ -233,6 +286,8 @@ class Upstream:
             detail = str(exc.__cause__ or exc)
             log.warning("upstream.unreachable", error=detail, base_url=self.settings.llm_base_url)
             raise upstream_failed(None, detail) from None
+        finally:
+            _NON_ASCII_HEADERS.reset(token)
 
     async def send(
         self, method: str, path_and_query: str, content: bytes, incoming: Mapping[str, str]
@@ -241,12 +296,12 @@ class Upstream:
         headers = self.forward_headers(incoming, chat=False)
         # Without the caller's preference, ask for what the caller surely understands:
         # the body is relayed byte for byte, encoding included.
-        headers.setdefault("accept-encoding", "identity")
+        headers.setdefault("accept-encoding", b"identity")
         request = self.http.build_request(
             method,
             self.settings.llm_base_url + path_and_query,
             content=content or None,
-            headers=headers,
+            headers=[(name.encode(), value) for name, value in headers.items()],
         )
         try:
             return await self.http.send(request, stream=True)
