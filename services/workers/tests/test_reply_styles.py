@@ -11,6 +11,7 @@ counted by ``engram.llm.fallbacks`` — never in a silent loss.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -279,3 +280,10 @@ def test_what_small_models_overdo_in_an_extraction_costs_only_that_part() -> Non
     assert [(p.category, p.key, p.value) for p in profile] == [("preference", "day", "Sunday")]
     schema = ExtractOutput.model_json_schema()
     assert schema["properties"]["facts"]["maxItems"] == 3  # still asked for at most 3
+
+
+def test_a_pathological_reply_costs_a_bounded_time() -> None:
+    started = time.perf_counter()
+    with pytest.raises(UnusableReply):
+        parse_reply(ModelReply("{[" * 8000 + "I could not"), ExtractOutput)
+    assert time.perf_counter() - started < 2.0  # about 0.25 s here

@@ -39,10 +39,11 @@ from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
-#: Candidates tried per reply at most, and openers scanned: a reply is bounded by the
-#: model's token limit, this bounds the work on a pathological one.
+#: Candidates tried per reply at most, and characters scanned for them: a reply is
+#: bounded by the model's token limit, these bound the work on a pathological one (a
+#: long run of unclosed brackets costs about 0.3 s, not seconds).
 MAX_CANDIDATES = 64
-MAX_SCANS = 400
+MAX_SCANNED_CHARS = 400_000
 
 _TAGS = r"think|thinking|reasoning"
 _BLOCK = re.compile(rf"<({_TAGS})\b[^>]*>(.*?)</\1\s*>", re.DOTALL | re.IGNORECASE)
@@ -144,23 +145,24 @@ def _candidates(text: str) -> Iterator[str]:
                 seen.add(span)
                 yield span
 
+    budget = [MAX_SCANNED_CHARS]
     for fence in _FENCE.finditer(text):
-        yield from fresh(_balanced_values(fence.group(2)))
-    yield from fresh(_balanced_values(text))
+        yield from fresh(_balanced_values(fence.group(2), budget))
+    yield from fresh(_balanced_values(text, budget))
 
 
-def _balanced_values(text: str) -> Iterator[str]:
+def _balanced_values(text: str, budget: list[int]) -> Iterator[str]:
     """Each complete top-level ``{…}``/``[…]`` of ``text``, the last first, each followed
-    by the values nested in it."""
+    by the values nested in it; ``budget[0]``: characters left to scan (shared)."""
     spans: list[tuple[int, int]] = []
-    position, scans = 0, 0
-    while scans < MAX_SCANS:
+    position = 0
+    while budget[0] > 0:
         starts = [i for i in (text.find("{", position), text.find("[", position)) if i >= 0]
         if not starts:
             break
         start = min(starts)
-        scans += 1
-        end = _closing(text, start)
+        end, scanned = _closing(text, start, budget[0])
+        budget[0] -= scanned
         if end is None:
             position = start + 1
         else:
@@ -168,16 +170,18 @@ def _balanced_values(text: str) -> Iterator[str]:
             position = end
     for start, end in reversed(spans):
         yield text[start:end]
-        yield from _balanced_values(text[start + 1 : end - 1])
+        yield from _balanced_values(text[start + 1 : end - 1], budget)
 
 
-def _closing(text: str, start: int) -> int | None:
-    """The index just after the value opened at ``text[start]``; None when it is never
-    closed (a reply cut off) or closed by the wrong bracket (not JSON)."""
+def _closing(text: str, start: int, budget: int) -> tuple[int | None, int]:
+    """The index just after the value opened at ``text[start]`` (None when it is never
+    closed — a reply cut off — or closed by the wrong bracket: not JSON), and how many
+    characters were scanned (at most ``budget``)."""
     expected: list[str] = []
     quote = ""
     i = start
-    while i < len(text):
+    stop = min(len(text), start + budget)
+    while i < stop:
         ch = text[i]
         if quote:
             if ch == "\\":
@@ -198,11 +202,11 @@ def _closing(text: str, start: int) -> int | None:
             expected.append(_CLOSING[ch])
         elif ch in "}]":
             if not expected or expected.pop() != ch:
-                return None
+                return None, i + 1 - start
             if not expected:
-                return i + 1
+                return i + 1, i + 1 - start
         i += 1
-    return None
+    return None, max(i - start, 1)
 
 
 def _opens_string(text: str, i: int) -> bool:
