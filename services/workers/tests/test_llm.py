@@ -74,6 +74,8 @@ async def test_invalid_output_is_retried_with_the_error_then_accepted(scripted_u
     retry = scripted_upstream.chat_requests()[1]["messages"]
     assert retry[-2] == {"role": "assistant", "content": "no idea"}
     assert "not valid JSON" in retry[-1]["content"]
+    assert "(no JSON value found in the reply)" in retry[-1]["content"]  # the reason
+    assert "no reasoning, no prose" in retry[-1]["content"]
 
 
 async def test_junk_after_retries_raises_output_error(scripted_upstream) -> None:

@@ -181,7 +181,8 @@ class LlmClient:
                         "role": "user",
                         "content": (
                             "That reply was not valid JSON for the schema "
-                            f"({last_error}). Reply with one JSON object only."
+                            f"({last_error}). Reply with one JSON object only: no "
+                            "reasoning, no prose, nothing before or after it."
                         ),
                     },
                 ]
