@@ -180,6 +180,13 @@ async def test_events_show_pending_applied_and_skipped(browser: Browser, page_ur
             "applied_at": None,
         },
         "e3": {"status": "pending", "stage": "reconcile", "reason": None, "applied_at": None},
+        "e4": {
+            "status": "applied",
+            "stage": None,
+            "reason": None,
+            "fallback": "the model's answer was unusable (qwen3): reconcile: …",
+            "applied_at": "2026-11-24T10:00:00Z",
+        },
     }
 
     def events(path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
@@ -187,20 +194,25 @@ async def test_events_show_pending_applied_and_skipped(browser: Browser, page_ur
             return 202, {
                 "object": "memory.add",
                 "status": "pending",
-                "event_ids": ["e1", "e2", "e3"],
+                "event_ids": ["e1", "e2", "e3", "e4"],
             }
         event = path.rsplit("/", 1)[-1]
         return 200, {"object": "event", "id": event, "accepted_at": None, **statuses[event]}
 
     page, calls = await open_page(browser, page_url, single_tenant(events))
     await page.get_by_role("link", name="Add").click()
-    await page.get_by_label("Text (one message per line)").fill("I like tea.\nHello!\nI moved.")
+    await page.get_by_label("Text (one message per line)").fill(
+        "I like tea.\nHello!\nI moved.\nMy kayak is Zephyr."
+    )
     await page.get_by_role("button", name="Learn").click()
     rows = page.locator("#events-table tbody tr")
-    await expect(rows).to_have_count(3)
+    await expect(rows).to_have_count(4)
     await expect(rows.nth(0).locator("td").nth(2)).to_have_text("applied")
     await expect(rows.nth(1).locator("td").nth(2)).to_have_text("skipped: no facts in chit-chat")
     await expect(rows.nth(2).locator("td").nth(3)).to_have_text("reconcile")
+    await expect(rows.nth(3).locator("td").nth(2)).to_have_text(
+        "applied, by the fallback: the model's answer was unusable (qwen3): reconcile: …"
+    )
     assert "POST /v1/memories/add?" in calls
 
 

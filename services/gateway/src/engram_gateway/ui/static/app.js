@@ -591,6 +591,13 @@ function stopEventPolling() {
   eventTimer = null;
 }
 
+// The reason when nothing was learned; else the fallback a task took (facts kept as said).
+function eventStatusText(status) {
+  if (status.reason) return `${status.status}: ${status.reason}`;
+  if (status.fallback) return `${status.status}, by the fallback: ${status.fallback}`;
+  return status.status;
+}
+
 async function loadEvents() {
   stopEventPolling();
   const rows = [];
@@ -610,7 +617,7 @@ async function loadEvents() {
         {},
         h("td", {}, known.text),
         h("td", {}, h("code", {}, known.id.slice(0, 8))),
-        h("td", {}, status.reason ? `${status.status}: ${status.reason}` : status.status),
+        h("td", {}, eventStatusText(status)),
         h("td", {}, status.stage || "—"),
         h("td", {}, when(known.added)),
         h("td", {}, when(status.applied_at)),
