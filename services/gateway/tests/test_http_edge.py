@@ -222,3 +222,71 @@ def test_a_header_value_with_a_control_byte_is_dropped_not_sent() -> None:
         {"x-ok": " fine ", "x-bad": "a\x01b", "x-nul": "a\x00", "x-tab": "a\tb"}, chat=True
     )
     assert headers == {"x-ok": b"fine", "x-tab": b"a\tb"}
+
+
+# --- wide bodies -----------------------------------------------------------------------
+
+
+def _wide_chat(zeros: int) -> bytes:
+    head = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": ['
+    return head + b",".join([b"0"] * zeros) + b"]}"
+
+
+async def _slowest_healthz_while(gateway: RunningGateway, work: Any) -> tuple[float, Any]:
+    """Run ``work`` while probing ``/healthz`` every 20 ms; the longest time between two
+    answers (the gateway and this test share one event loop: a blocked loop shows as a
+    gap, whenever the block starts) and the work's result."""
+    import asyncio
+    import time
+
+    client = gateway.client()
+    task = asyncio.ensure_future(work)
+    slowest = 0.0
+    last = time.perf_counter()
+    while not task.done():
+        await asyncio.sleep(0.02)
+        assert (await client.get("/healthz")).status_code == 200
+        now = time.perf_counter()
+        slowest, last = max(slowest, now - last), now
+    return slowest, task.result()
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/memories"])
+async def test_a_wide_json_body_is_refused_without_stalling_the_gateway(
+    gateway: RunningGateway, scripted_upstream: EveryRequestUpstream, path: str
+) -> None:
+    """3 million values (6 MB): the old walk held the event loop for seconds; refused
+    from a bounded-cost count before any parse, everyone else's requests go on."""
+    from engram_gateway.bodies import MAX_JSON_VALUES
+
+    zeros = 3 * MAX_JSON_VALUES
+    conn = await RawConnection.open(gateway.url)
+    try:
+        slowest, reply = await _slowest_healthz_while(
+            gateway, conn.request("POST", path, _wide_chat(zeros))
+        )
+    finally:
+        await conn.close()
+    assert reply.status == 413, reply.body
+    error = reply.error()
+    assert error["code"] == "too_many_json_values"
+    assert f"{MAX_JSON_VALUES:,}" in error["message"]
+    assert slowest < 1.0, f"/healthz took {slowest:.2f} s while the body was handled"
+    assert scripted_upstream.chat_requests() == []
+
+
+async def test_a_body_just_under_the_value_bound_chats_fine(
+    gateway: RunningGateway, scripted_upstream: EveryRequestUpstream
+) -> None:
+    from engram_gateway.bodies import MAX_JSON_VALUES
+
+    conn = await RawConnection.open(gateway.url)
+    try:
+        slowest, reply = await _slowest_healthz_while(
+            gateway, conn.request("POST", CHAT, _wide_chat(MAX_JSON_VALUES - 100))
+        )
+    finally:
+        await conn.close()
+    assert reply.status == 200, reply.body[:300]
+    assert len(scripted_upstream.chat_requests()[0]["x"]) == MAX_JSON_VALUES - 100
+    print(f"slowest /healthz beside a {MAX_JSON_VALUES - 100:,}-value chat: {slowest:.3f} s")

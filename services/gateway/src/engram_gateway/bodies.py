@@ -1,10 +1,19 @@
 """Reading request bodies: bounded in size, JSON objects only, valid Unicode, bounded
-in depth.
+in depth and in width.
 
 JSON allows escapes that are not text: a lone surrogate (``"\ud800"``) parses into a
 Python string that cannot be encoded again, and would fail deep in the write path (a
 500). JSON nested deeper than the parser's recursion limit fails with a
 ``RecursionError`` instead of a parse error. Both are 400s here, naming where.
+
+Width: parsing and checking JSON holds the event loop (the parser is C code that keeps
+the GIL, so a thread would not help), and a body of small values costs far more parsed
+than raw (31 MB of ``0,`` is 16 million list slots). Before any parse, a count that
+costs milliseconds (commas and opening brackets, an upper bound on the number of
+values) refuses a body of more than :data:`MAX_JSON_VALUES` values with a 413
+``too_many_json_values``; what one request may cost is then bounded by
+``ENGRAM_GATEWAY_MAX_BODY_BYTES`` raw and by that many values parsed. The walk that
+checks depth and text visits each value once and builds a path only for containers.
 """
 
 from __future__ import annotations
@@ -59,7 +68,26 @@ async def read_body(request: Request, limit: int) -> bytes:
 #: Deeper than any request Engram or an OpenAI-compatible upstream reads (JSON schemas
 #: of tools included), and well inside the parser's recursion limit.
 MAX_JSON_DEPTH = 64
+#: Values in one JSON body (every string, number, array and object counts). A chat of
+#: thousands of messages with tools holds some tens of thousands; commas inside
+#: strings count too (the bound is counted before parsing), and a million of them
+#: needs some 30 MB of prose, more than any model's context.
+MAX_JSON_VALUES = 1_000_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_json_width(raw: bytes) -> None:
+    """413 for a body that may hold more than :data:`MAX_JSON_VALUES` values, counted
+    without parsing: each value but the first of a container follows a comma."""
+    bound = 1 + raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    if bound > MAX_JSON_VALUES:
+        raise GatewayError(
+            413,
+            f"The request body holds more than {MAX_JSON_VALUES:,} JSON values (commas and "
+            "opening brackets counted); nothing was forwarded or stored.",
+            type=INVALID_REQUEST,
+            code="too_many_json_values",
+        )
 
 
 def _reject_constant(name: str) -> Any:
@@ -72,28 +100,51 @@ def _where(path: tuple[str | int, ...]) -> str:
     return text.lstrip(".") or "the body"
 
 
-def json_problem(value: Any) -> tuple[str, str] | None:
-    """The first (where, what) that makes parsed JSON unusable, or None."""
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
-    while stack:
-        item, path = stack.pop()
-        if len(path) > MAX_JSON_DEPTH:
+_NOT_TEXT = "contains a lone surrogate (\\ud800-\\udfff), not text"
+#: A surrogate only parses from a ``\\uD800``-``\\uDFFF`` escape (UTF-8 cannot carry one).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def json_problem(value: Any, *, check_text: bool = True) -> tuple[str, str] | None:
+    """The first (where, what) that makes parsed JSON unusable, or None.
+
+    ``check_text=False``: the raw body had no surrogate escape, so strings need no look.
+    Containers whose values are all plain (counted by type, at C speed) are not walked.
+    """
+    plain = _SCALARS if check_text else _SCALARS | {str}
+    if isinstance(value, str):
+        return ("the body", _NOT_TEXT) if check_text and _SURROGATE.search(value) else None
+    containers: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while containers:
+        item, path = containers.pop()
+        # A value deeper than the limit: this container, or a child of one at the limit.
+        if len(path) > MAX_JSON_DEPTH or (len(path) == MAX_JSON_DEPTH and item):
             return _where(path[:1]), f"is nested deeper than {MAX_JSON_DEPTH} levels"
-        if isinstance(item, str):
-            if _SURROGATE.search(item):
-                return _where(path), "contains a lone surrogate (\\ud800-\\udfff), not text"
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if _SURROGATE.search(key):
-                    return _where(path), "has a key with a lone surrogate, not text"
-                stack.append((child, (*path, key)))
-        elif isinstance(item, list):
-            stack.extend((child, (*path, index)) for index, child in enumerate(item))
+        children: Any
+        if isinstance(item, dict):
+            if check_text and any(_SURROGATE.search(key) for key in item):
+                return _where(path), "has a key with a lone surrogate, not text"
+            if plain.issuperset(map(type, item.values())):
+                continue
+            children = item.items()
+        else:
+            if plain.issuperset(map(type, item)):
+                continue
+            children = enumerate(item)
+        for where, child in children:
+            if isinstance(child, str):
+                if check_text and _SURROGATE.search(child):
+                    return _where((*path, where)), _NOT_TEXT
+            elif isinstance(child, dict | list):
+                containers.append((child, (*path, where)))
     return None
 
 
 def parse_json(raw: bytes) -> Any:
-    """Any JSON value; a 400 naming the problem for malformed, too deep or non-text JSON."""
+    """Any JSON value; a 400 naming the problem for malformed, too deep or non-text JSON,
+    a 413 for too wide."""
+    check_json_width(raw)
     try:
         value = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:
@@ -105,7 +156,8 @@ def parse_json(raw: bytes) -> Any:
         raise bad_request(
             f"The request body is not valid JSON: {exc}", code="invalid_json"
         ) from None
-    if (problem := json_problem(value)) is not None:
+    check_text = _SURROGATE_ESCAPE.search(raw) is not None
+    if (problem := json_problem(value, check_text=check_text)) is not None:
         where, what = problem
         raise bad_request(
             f"Invalid request body: {where} {what}.", param=where, code="invalid_json"
@@ -175,8 +227,9 @@ class BodyLimitMiddleware:
 
 
 def _check_json_text(raw: bytes) -> None:
-    """Raise for JSON that is too deep or not text; malformed JSON is FastAPI's to
-    report (with the field it expected)."""
+    """Raise for JSON that is too wide, too deep or not text; malformed JSON is
+    FastAPI's to report (with the field it expected)."""
+    check_json_width(raw)
     try:
         value = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:
@@ -184,5 +237,5 @@ def _check_json_text(raw: bytes) -> None:
         return
     except (ValueError, UnicodeDecodeError):
         return
-    if json_problem(value) is not None:
+    if json_problem(value, check_text=_SURROGATE_ESCAPE.search(raw) is not None) is not None:
         parse_json(raw)  # raises the 400 naming where
