@@ -287,3 +287,18 @@ def test_a_pathological_reply_costs_a_bounded_time() -> None:
     with pytest.raises(UnusableReply):
         parse_reply(ModelReply("{[" * 8000 + "I could not"), ExtractOutput)
     assert time.perf_counter() - started < 2.0  # about 0.25 s here
+
+
+def test_a_style_dresses_the_workers_tasks_and_leaves_chats_alone() -> None:
+    dressed = styled(RuleBasedBrain("Noted."), "think_with_draft")
+    chat = {"messages": [{"role": "user", "content": "My kayak is called Zephyr."}]}
+    task = {
+        "messages": [
+            {"role": "system", "content": "engram-task: summarize\n..."},
+            {"role": "user", "content": json.dumps({"previous_summary": "", "new_facts": ["F"]})},
+        ]
+    }
+    assert dressed(chat) == "Noted."
+    answer = dressed(task)
+    assert isinstance(answer, str) and answer.startswith("<think>")
+    assert answer.endswith('{"summary": "F."}')
