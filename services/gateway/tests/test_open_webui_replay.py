@@ -236,12 +236,6 @@ async def test_users_are_listed_with_the_name_their_client_forwarded(
     assert "name" not in (await _listed(http, A))["ana"]
 
 
-@pytest.mark.xfail(
-    reason="a non-ASCII header byte is a 500 until the upstream header fix (issue 29.3) "
-    "lands; remove this mark then",
-    raises=AssertionError,
-    strict=False,
-)
 async def test_a_name_sent_as_raw_utf8_is_read_the_same(
     start_gateway: StartGateway, retrieval: RealRetrieval
 ) -> None:
