@@ -203,7 +203,7 @@ def test_the_candidates_and_their_order(text: str, facts: list[str]) -> None:
         (ModelReply("[No facts]"), "no JSON value found"),  # prose in brackets stays prose
         (ModelReply('{"facts": ["User li'), "no JSON value found"),
         (ModelReply('{"facts": ["cut', truncated=True), "cut at the token limit"),
-        (ModelReply('{"facts": "not a list"}'), "validation error"),
+        (ModelReply('{"facts": "not a list"}'), "facts: Input should be a valid list"),
         (ModelReply('{"answer": 1}'), "naming none of the fields"),
     ],
 )

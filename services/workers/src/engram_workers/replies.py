@@ -130,8 +130,12 @@ def _first_valid(text: str, schema: type[M], errors: list[str]) -> M | None:
             continue
         try:
             return _validate(value, schema)
-        except (ValidationError, ValueError) as exc:
-            errors.append(str(exc).splitlines()[0][:300])
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the answer"
+            errors.append(f"{where}: {first['msg']}"[:300])
+        except ValueError as exc:
+            errors.append(str(exc)[:300])
     return None
 
 
