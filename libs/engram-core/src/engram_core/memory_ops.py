@@ -304,15 +304,17 @@ class MemoryOps:
     @asynccontextmanager
     async def _serialised(self, tenant: str, memory_id: str) -> AsyncIterator[MemoryRecord | None]:
         """Hold the lock of ``memory_id``'s lineage; yields the memory as it is now (None
-        when it is gone)."""
+        when it is gone). A current memory is its own lineage's key (one read); for a
+        superseded one the lock moves to the current version found under the first."""
+        key = memory_id
         for _ in range(_LOCK_ATTEMPTS):
-            lineage = await self._lineage(tenant, memory_id)
-            key = lineage[-1].id if lineage else memory_id
             async with self.locks.hold("memory", tenant, key):
                 lineage = await self._lineage(tenant, memory_id)
-                if (lineage[-1].id if lineage else memory_id) == key:
+                current_id = lineage[-1].id if lineage else memory_id
+                if current_id == key:
                     yield lineage[0] if lineage else None
                     return
+            key = current_id
         raise LockTimeout(f"memory {memory_id} kept being replaced while waiting for it")
 
     async def _lineage(self, tenant: str, memory_id: str) -> list[MemoryRecord]:
