@@ -1,8 +1,8 @@
 """The memory browser in a real headless Chromium against the whole stack with two API
-keys: sign in (by keyboard), find a memory by search and see why it was recalled, open
-its history, edit it and see the edit in search, delete it — and the page never asks
-any other origin for anything, nor shows another tenant's memories. At phone width the
-same page works.
+keys: sign in (by keyboard), see the user by the name their chat client forwarded, find
+a memory by search and see why it was recalled, open its history, edit it and see the
+edit in search, delete it — and the page never asks any other origin for anything, nor
+shows another tenant's memories. At phone width the same page works.
 
 Run with ``ENGRAM_UI_SCREENSHOTS=docs/img`` to refresh the screenshots in docs/ui.md.
 """
@@ -22,7 +22,7 @@ from .conftest import TOOLS_KEY_A, TOOLS_KEY_B, TwoTenantStack, wait_for
 
 pytestmark = pytest.mark.e2e
 
-USER, CONVERSATION = "ui-erin", "ui-tea"
+USER, CONVERSATION, NAME = "ui-erin", "ui-tea", "Erin Sørensen"
 TIMEOUT_MS = 15_000
 
 
@@ -53,6 +53,20 @@ async def seed(stack: TwoTenantStack) -> str:
             headers=b,
         )
         assert other.status_code == 201
+        # as Open WebUI sends a chat: the person's id and name (percent-encoded) in headers
+        person = {"X-OpenWebUI-User-Id": USER, "X-OpenWebUI-User-Name": "Erin%20S%C3%B8rensen"}
+        chat = await http.post(
+            "/v1/chat/completions",
+            json={"model": "scripted", "messages": [{"role": "user", "content": "Hello!"}]},
+            headers={**a, **person, "X-OpenWebUI-Chat-Id": "ui-hello"},
+        )
+        assert chat.status_code == 200, chat.text
+
+        async def named() -> bool:
+            users = (await http.get("/v1/users", headers=a)).json()["data"]
+            return any(u.get("name") == NAME for u in users)
+
+        await wait_for(named, 15, what="the person's name in /v1/users")
     return memory_id
 
 
@@ -113,6 +127,7 @@ async def test_sign_in_search_history_edit_delete(
     await page.keyboard.press("Enter")
     await expect(page.get_by_role("heading", name="Memories")).to_be_visible()
     await expect(page.locator("#user-list")).to_contain_text(USER)
+    await expect(page.locator("#user-list .user-name")).to_have_text(f"{NAME} {USER}")
     await page.locator("#user-list").get_by_role("button", name=USER).click()
     await expect(page.locator("#conversation-list")).to_contain_text(CONVERSATION)
     await expect(page.locator("#memory-list")).to_contain_text("gyokuro")
