@@ -126,3 +126,15 @@ async def test_a_blank_user_is_refused_everywhere_and_nothing_is_stored_or_forwa
 
     # '' stays what it always was: no user.
     assert (await http.post(CHAT, json=_chat(user=""), headers=AUTH)).status_code == 200
+
+
+async def test_a_user_header_sent_as_utf8_recalls_that_users_memory(
+    http: httpx2.AsyncClient, scripted_upstream: ScriptedUpstream
+) -> None:
+    created = await http.post("/v1/memories", json={"text": FACT, "user": NFC}, headers=AUTH)
+    assert created.status_code == 201, created.text
+    # Open WebUI forwards the user in a header: UTF-8 bytes on the wire, here in NFD.
+    headers = [*AUTH.items(), ("X-OpenWebUI-User-Id", NFD.encode())]
+    reply = await http.post(CHAT, json=_chat(), headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert "teal" in _memory_message(scripted_upstream)
