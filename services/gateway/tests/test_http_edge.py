@@ -290,3 +290,54 @@ async def test_a_body_just_under_the_value_bound_chats_fine(
     assert reply.status == 200, reply.body[:300]
     assert len(scripted_upstream.chat_requests()[0]["x"]) == MAX_JSON_VALUES - 100
     print(f"slowest /healthz beside a {MAX_JSON_VALUES - 100:,}-value chat: {slowest:.3f} s")
+
+
+# --- request ids -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "request_id",
+    [b"a/b", b"x" * 129, b"two words", b"caf\xc3\xa9", b"../../etc", b"id?x=1"],
+    ids=["slash", "129 chars", "space", "non-ascii", "dots and slashes", "query"],
+)
+async def test_a_request_id_that_cannot_be_one_is_a_400_and_nothing_is_done(
+    conn: RawConnection, scripted_upstream: EveryRequestUpstream, request_id: bytes
+) -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    for _ in range(2):  # a retry with the same id gets the same answer
+        reply = await conn.request("POST", CHAT, chat, headers=[b"X-Request-Id: " + request_id])
+        assert reply.status == 400, reply.body
+        error = reply.error()
+        assert (error["code"], error["param"]) == ("invalid_request_id", "X-Request-Id")
+        assert reply.headers["x-request-id"] != request_id.decode("latin-1")
+    assert scripted_upstream.chat_requests() == []
+
+
+@pytest.mark.parametrize("request_id", [b"r-1", b"x" * 128, b"import-42:a.b_c"])
+async def test_a_sane_request_id_is_kept_and_echoed(conn: RawConnection, request_id: bytes) -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    reply = await conn.request("POST", CHAT, chat, headers=[b"X-Request-Id: " + request_id])
+    assert reply.status == 200, reply.body
+    assert reply.headers["x-request-id"] == request_id.decode()
+
+
+# --- bodies that are not UTF-8 ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/memories", b'{"text": "caf\xe9"}'),
+        ("/v1/memories/search", b'{"query": "\xff tea"}'),
+        ("/v1/memories/add", b'{"text": ["ok", "\xc3\x28"]}'),
+        (CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "caf\xe9"}]}'),
+    ],
+)
+async def test_a_body_that_is_not_utf8_is_a_documented_400(
+    conn: RawConnection, path: str, body: bytes
+) -> None:
+    reply = await conn.request("POST", path, body)
+    assert reply.status == 400, reply.body
+    error = reply.error()
+    assert error["code"] == "invalid_json", error
+    assert "UTF-8" in error["message"] or "utf-8" in error["message"]

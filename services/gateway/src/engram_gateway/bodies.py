@@ -4,7 +4,8 @@ in depth and in width.
 JSON allows escapes that are not text: a lone surrogate (``"\ud800"``) parses into a
 Python string that cannot be encoded again, and would fail deep in the write path (a
 500). JSON nested deeper than the parser's recursion limit fails with a
-``RecursionError`` instead of a parse error. Both are 400s here, naming where.
+``RecursionError`` instead of a parse error. Both are 400s ``invalid_json`` here,
+naming where; so is a body that is not UTF-8 (never FastAPI's bare ``http_400``).
 
 Width: parsing and checking JSON holds the event loop (the parser is C code that keeps
 the GIL, so a thread would not help), and a body of small values costs far more parsed
@@ -227,15 +228,21 @@ class BodyLimitMiddleware:
 
 
 def _check_json_text(raw: bytes) -> None:
-    """Raise for JSON that is too wide, too deep or not text; malformed JSON is
-    FastAPI's to report (with the field it expected)."""
+    """Raise for JSON that is too wide, too deep, not UTF-8 or not text; malformed JSON
+    is FastAPI's to report (with the field it expected)."""
     check_json_width(raw)
     try:
         value = json.loads(raw, parse_constant=_reject_constant)
     except RecursionError:
         parse_json(raw)  # raises the 400
         return
-    except (ValueError, UnicodeDecodeError):
+    except UnicodeDecodeError as exc:
+        # FastAPI would answer a bare 400 "There was an error parsing the body".
+        raise bad_request(
+            f"The request body is not valid UTF-8 ({exc.reason} at byte {exc.start}).",
+            code="invalid_json",
+        ) from None
+    except ValueError:
         return
     if json_problem(value, check_text=_SURROGATE_ESCAPE.search(raw) is not None) is not None:
         parse_json(raw)  # raises the 400 naming where

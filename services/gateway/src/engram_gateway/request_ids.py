@@ -1,5 +1,11 @@
-"""The request id: every request gets one (the caller's ``X-Request-Id`` when it is
-sane), every log line carries it, and every answer echoes it, errors included.
+"""The request id: every request gets one (the caller's ``X-Request-Id``, else a new
+one), every log line carries it, and every answer echoes it, errors included.
+
+Event and memory ids derive from it, so a caller's id is never replaced: one that is
+not 1 to 128 of ``A-Z a-z 0-9 . _ : -`` (a ``/``, a space, 129 characters, ...) is a
+400 ``invalid_request_id`` before anything runs, which a retry with the same id gets
+again (a silently made-up id would make each retry a new write). An empty header is
+no id.
 
 ``RequestIdMiddleware`` is the outermost user middleware; the 500 of an unhandled
 exception is sent inside it (by ``engram_gateway.guard.RequestGuardMiddleware``), so it
@@ -17,6 +23,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engram_gateway.errors import INVALID_REQUEST, error_response
 from engram_gateway.server_timing import stamp_arrival
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -51,7 +58,10 @@ class RequestIdMiddleware:
         incoming = next(
             (v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), ""
         )
-        rid = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        incoming = incoming.strip()
+        refused = bool(incoming) and not _REQUEST_ID.match(incoming)
+        # A refused request's answer carries an id of its own: the caller's is not one.
+        rid = incoming if incoming and not refused else uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state["request_id"] = rid
         stamp_arrival(state)
@@ -61,5 +71,19 @@ class RequestIdMiddleware:
                 MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
             await send(message)
 
+        if refused:
+            await _invalid_request_id()(scope, receive, send_with_id)
+            return
         with structlog.contextvars.bound_contextvars(request_id=rid):
             await self.app(scope, receive, send_with_id)
+
+
+def _invalid_request_id() -> ASGIApp:
+    return error_response(
+        400,
+        f"{REQUEST_ID_HEADER} must be 1 to 128 characters of A-Z a-z 0-9 . _ : - (the "
+        "request's event ids derive from it); nothing was done.",
+        type=INVALID_REQUEST,
+        code="invalid_request_id",
+        param=REQUEST_ID_HEADER,
+    )
