@@ -107,6 +107,10 @@ async def test_create_get_update_history_delete(
     superseded_id = history["data"][0]["id"]
     conflict = await http.patch(f"{MEM}/{superseded_id}", json={"text": "x"}, headers=A)
     _assert_error(conflict, 409, "memory_superseded")
+    # a failing precondition does not hide why the edit could not happen anyway (RFC 9110)
+    stale = {**A, "If-Match": '"not-its-version"'}
+    conflict = await http.patch(f"{MEM}/{superseded_id}", json={"text": "x"}, headers=stale)
+    _assert_error(conflict, 409, "memory_superseded")
 
     deleted = await http.delete(f"{MEM}/{memory_id}", headers=A)
     assert deleted.status_code == 200

@@ -194,10 +194,11 @@ class MemoryOps:
         async with self._serialised(tenant, memory_id) as current:
             if current is None:
                 raise MemoryNotFound(memory_id)
-            if precondition is not None:
-                precondition.check(current)
+            # As HTTP orders them: a request that would fail anyway fails for that reason.
             if current.superseded_by:
                 raise MemorySuperseded(current)
+            if precondition is not None:
+                precondition.check(current)
             at = utcnow()
             new = lifecycle.edited(current, at=at, cause=cause, text=text, tags=tags)
             if (new.text, new.tags) == (current.text, current.tags):
