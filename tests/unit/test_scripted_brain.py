@@ -87,6 +87,53 @@ def test_reconcile(existing: list[str], new: str, decision: dict) -> None:
     assert answer == {"decisions": [{"fact": 0, **decision}]}
 
 
+@pytest.mark.parametrize(
+    ("message", "fact"),
+    [
+        ("Actually, I hate pizza now.", "User hates pizza"),
+        ("I hate pizza now!", "User hates pizza"),
+        ("These days I hate pizza.", "User hates pizza"),
+        ("I no longer love pizza.", "User no longer loves pizza"),
+        ("I don't love pizza anymore.", "User doesn't love pizza anymore"),
+    ],
+)
+def test_the_common_ways_of_correcting_oneself_are_extracted_as_the_new_claim(
+    message: str, fact: str
+) -> None:
+    assert ask("extract_facts", {"message": message, "date": "2026-01-01"})["facts"] == [fact]
+
+
+@pytest.mark.parametrize(
+    "correction",
+    [
+        "Actually, I hate pizza now.",
+        "I hate pizza now.",
+        "I no longer love pizza.",
+        "I don't love pizza anymore.",
+        "Actually, I do not love pizza any more.",
+    ],
+)
+def test_a_correction_as_people_word_it_supersedes_the_old_fact(correction: str) -> None:
+    """README's quick start: "I love pizza." then a correction leaves one current fact."""
+    (new,) = ask("extract_facts", {"message": correction, "date": "2026-01-01"})["facts"]
+    answer = ask(
+        "reconcile", {"existing": [{"id": 1, "text": "User loves pizza"}], "new_facts": [new]}
+    )
+    assert answer == {"decisions": [{"fact": 0, "event": "DELETE", "target": 1}]}
+
+
+@pytest.mark.parametrize(
+    ("existing", "new"),
+    [
+        ("User loves pizza", "User loves pizza now"),
+        ("User doesn't love pizza anymore", "User no longer loves pizza"),
+    ],
+)
+def test_the_same_claim_worded_as_a_change_is_not_a_contradiction(existing: str, new: str) -> None:
+    answer = ask("reconcile", {"existing": [{"id": 1, "text": existing}], "new_facts": [new]})
+    assert answer["decisions"][0]["event"] != "DELETE"
+
+
 def test_summary_accumulates_without_repeats_and_chat_gets_the_fixed_reply() -> None:
     first = ask("summarize", {"previous_summary": "", "new_facts": ["User loves pizza"]})
     second = ask(

@@ -47,7 +47,7 @@ _ADVERBS = {
     "even", "really", "actually", "rarely", "recently", "now", "already", "mostly",
 }  # fmt: skip
 # Not after "and"/"or": "my wife and I live" keeps its plural verb.
-_ADVERB = r"\s+(?:\w+ly|" + "|".join(sorted(_ADVERBS)) + r")"
+_ADVERB = r"\s+(?:\w+ly|no longer|" + "|".join(sorted(_ADVERBS)) + r")"
 _I_VERB = re.compile(r"(?<!and )(?<!or )\bI((?:" + _ADVERB + r")*)\s+([\w']+)")
 
 

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engram_cli.nats_server import free_port
-from engram_cli.scripted_grammar import split_clauses, third_person
+from engram_cli.scripted_grammar import split_clauses, third_person, third_person_verb
 
 
 @dataclass(frozen=True)
@@ -306,13 +306,18 @@ _CHIT_CHAT = re.compile(
     re.IGNORECASE,
 )
 _FILLERS = re.compile(
-    r"^(sorry,?\s*i misspoke:?|actually,?|well,?|oh,?|btw,?|by the way,?|also,?|so,?)\s*",
+    r"^(sorry,?\s*i misspoke:?|actually,?|well,?|oh,?|btw,?|by the way,?|also,?|so,?|"
+    r"now,?|nowadays,?|these days,?)\s*",
     re.IGNORECASE,
 )
 _UNSURE = re.compile(
     r"\b(i think|i guess|maybe|probably)\b\s*|\b(might|may|could) be\b", re.IGNORECASE
 )
 _SURE = re.compile(r",?\s*\b(definitely|for sure|certainly)\b", re.IGNORECASE)
+#: "I hate pizza now." says "I hate pizza." as a correction does.
+_NOW = re.compile(r",?\s+\b(?:now|nowadays|these days)\b(?=[.!]?$)", re.IGNORECASE)
+#: Time words that only mark a change ("anymore") and do not change the claim.
+_CHANGE_MARKERS = re.compile(r",?\s+\b(?:now|nowadays|these days|anymore|any more)$")
 _OPPOSITES = {"loves": "hates", "hates": "loves", "likes": "dislikes", "dislikes": "likes"}
 _PROFILE_PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^User's name is (\w+)", re.I), "identity", "name"),
@@ -332,7 +337,7 @@ def _statements(message: str) -> list[tuple[str, float]]:
         if not sentence or sentence.endswith("?") or _CHIT_CHAT.match(sentence):
             continue
         for clause in split_clauses(sentence):
-            clause = _FILLERS.sub("", clause)
+            clause = _NOW.sub("", _FILLERS.sub("", clause))
             confidence = 0.9
             if _UNSURE.search(clause):
                 confidence = 0.4
@@ -343,6 +348,31 @@ def _statements(message: str) -> list[tuple[str, float]]:
             if re.match(r"^(i|i'm|i've|i'll|i'd|my)\b", clause, re.IGNORECASE):
                 found.append((clause, confidence))
     return found
+
+
+def _claim(fact: str) -> tuple[list[str], bool]:
+    """A third-person fact as (its words in the affirmative, whether it is negated):
+    "User no longer likes pizza", "User doesn't like pizza anymore" and "User does not
+    like pizza" are (["user", "likes", "pizza"], True)."""
+    words = _CHANGE_MARKERS.sub("", fact.lower().rstrip(".!")).split()
+    if len(words) >= 4 and words[1:3] == ["no", "longer"]:
+        return [words[0], *words[3:]], True
+    if len(words) >= 3 and (words[1] == "doesn't" or words[1:3] == ["does", "not"]):
+        rest = words[2:] if words[1] == "doesn't" else words[3:]
+        return [words[0], third_person_verb(rest[0]), *rest[1:]] if rest else words, True
+    return words, False
+
+
+def _contradicts(new: tuple[list[str], bool], old: tuple[list[str], bool]) -> bool:
+    """ "User hates pizza" or "User no longer loves pizza" against "User loves pizza"."""
+    (words, negated), (other_words, other_negated) = new, old
+    if len(words) < 3 or len(words) != len(other_words) or words[0] != other_words[0]:
+        return False
+    if words[2:] != other_words[2:]:
+        return False
+    if words[1] == other_words[1]:
+        return negated != other_negated
+    return _OPPOSITES.get(words[1]) == other_words[1] and negated == other_negated
 
 
 def is_task_request(body: dict[str, Any]) -> bool:
@@ -360,8 +390,10 @@ class RuleBasedBrain:
     write-path benchmarks where a real model is not the point. It understands
     first-person statements ("I love pizza", "My wife's name is Anne"), hedges
     ("I think…" lowers confidence),
-    corrections of "<subject> is <value>" facts (UPDATE) and love/hate reversals
-    (DELETE), and treats greetings and questions as chit-chat.
+    corrections of "<subject> is <value>" facts (UPDATE) and reversals — love/hate,
+    like/dislike, "no longer", "doesn't … anymore" — (DELETE), with the usual ways of
+    marking a correction ("Actually, …", "… now") set aside, and treats greetings and
+    questions as chit-chat.
     """
 
     def __init__(self, chat_reply: str = "Noted.", *more_chat_replies: str) -> None:
@@ -413,18 +445,12 @@ class RuleBasedBrain:
     @staticmethod
     def _decide(fact: str, existing: dict[int, str]) -> dict[str, Any]:
         norm = fact.lower().rstrip(".")
-        words = norm.split()
+        claim = _claim(fact)
         for mid, text in existing.items():
             other = text.lower().rstrip(".")
             if other == norm:
                 return {"event": "NONE", "target": mid}
-            other_words = other.split()
-            if (
-                len(words) == len(other_words) >= 3
-                and words[0] == other_words[0]
-                and _OPPOSITES.get(words[1]) == other_words[1]
-                and words[2:] == other_words[2:]
-            ):
+            if _contradicts(claim, _claim(text)):
                 return {"event": "DELETE", "target": mid}
             if " is " in norm and " is " in other:
                 subject, _, _ = norm.rpartition(" is ")
