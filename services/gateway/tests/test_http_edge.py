@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from engram_testing.raw_http import RawConnection
 from engram_testing.upstream import ScriptedUpstream
 
-from .conftest import RunningGateway
+from .conftest import RunningGateway, StartGateway
 
 CHAT = "/v1/chat/completions"
 SECRET_PROMPT = "Tenant A's secret: the vault code is 4471."
@@ -341,3 +341,54 @@ async def test_a_body_that_is_not_utf8_is_a_documented_400(
     error = reply.error()
     assert error["code"] == "invalid_json", error
     assert "UTF-8" in error["message"] or "utf-8" in error["message"]
+
+
+# --- metric labels ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def model_labels_restored() -> Iterator[None]:
+    from engram_core.genai import MODEL_LABEL
+
+    before = MODEL_LABEL.seen()
+    yield
+    MODEL_LABEL.forget(MODEL_LABEL.seen() - before)
+
+
+async def test_caller_chosen_models_paths_and_methods_leave_metrics_bounded(
+    start_gateway: StartGateway, model_labels_restored: None
+) -> None:
+    """Every string a caller picks (the model, the path, the method) that could become a
+    label: /metrics stays within the labels' bound however many distinct ones come."""
+    from opentelemetry.sdk.resources import Resource
+
+    from engram_core.genai import MAX_MODEL_LABELS
+    from engram_core.metrics import setup_metrics
+
+    setup_metrics(Resource.create({"service.name": "engram-gateway-test"}))
+    client = (await start_gateway()).client()
+
+    async def metrics_size() -> int:
+        return len((await client.get("/metrics")).content)
+
+    async def chats(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            chat = {
+                "model": f"edge-model-{i}",
+                "memory": False,
+                "messages": [{"role": "user", "content": "Hi"}],
+            }
+            assert (await client.post(CHAT, json=chat)).status_code == 200
+
+    async def odd_requests(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            assert (await client.get(f"/nowhere-{i}")).status_code == 404
+            assert (await client.request(f"M{i}X", "/healthz")).status_code in (400, 405)
+
+    await chats(0, MAX_MODEL_LABELS + 5)
+    await odd_requests(0, 20)
+    settled = await metrics_size()
+    assert 'gen_ai_request_model="_OTHER"' in (await client.get("/metrics")).text
+    await chats(MAX_MODEL_LABELS + 5, 300)
+    await odd_requests(20, 300)
+    assert await metrics_size() - settled < 2_000, "a caller's strings became labels"

@@ -10,7 +10,10 @@ reconcile, summarize), so every LLM call in a trace and on a dashboard looks the
 - ``gen_ai.client.operation.duration`` (s), ``gen_ai.client.token.usage`` ({token}, by
   ``gen_ai.token.type``) and ``engram.llm.errors`` ({error}, by ``error.type``).
 
-Prompts and replies are never put on spans: they are user data.
+Prompts and replies are never put on spans: they are user data. The model is the
+caller's choice on the gateway, so as a metric label it is bounded
+(:data:`MODEL_LABEL`: the first :data:`MAX_MODEL_LABELS` names a process sees, then
+``_OTHER``); the span keeps the name as sent.
 """
 
 from __future__ import annotations
@@ -25,8 +28,14 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from engram_core import metrics, semconv
+from engram_core.labels import BoundedLabel
 
 _tracer = trace.get_tracer("engram.genai")
+
+#: Distinct ``gen_ai.request.model`` label values per process (configured models come
+#: first in practice: the workers' and the first chats').
+MAX_MODEL_LABELS = 100
+MODEL_LABEL = BoundedLabel(MAX_MODEL_LABELS)
 
 
 class LlmCall:
@@ -56,6 +65,7 @@ class LlmCall:
             kind=SpanKind.CLIENT,
             attributes={**self._attributes, semconv.GEN_AI_SYSTEM: provider},
         )
+        self._attributes[semconv.GEN_AI_REQUEST_MODEL] = MODEL_LABEL(model)  # metrics only
         self._started = time.perf_counter()
         self._tokens: dict[str, int] = {}
         self._error: str | None = None
