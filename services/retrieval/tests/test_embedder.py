@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
+from engram_retrieval import embedder as embedder_module
 from engram_retrieval.embedder import (
     DYNAMIC_INT8_MODEL_ID,
     MODEL_ID,
@@ -17,6 +19,7 @@ from engram_retrieval.embedder import (
     default_model_files,
     is_content_token,
     quantize_dynamic_int8,
+    quantized_cache_path,
 )
 
 TEXTS = [
@@ -124,14 +127,17 @@ def test_encode_gives_the_same_sentence_vectors_as_embed(embedder: Embedder) -> 
     assert [len(e.tokens) for e in encoded] == [3, 11]  # 12 pieces, minus the comma
 
 
-def test_the_service_loads_the_embedder_its_settings_name() -> None:
+def test_the_service_loads_the_embedder_its_settings_name(tmp_path: Path) -> None:
     from engram_retrieval.server import load_embedder
     from engram_retrieval.settings import RetrievalSettings
 
-    packaged = load_embedder(RetrievalSettings(embed_quantization="none"))
+    packaged = load_embedder(RetrievalSettings(data_dir=tmp_path, embed_quantization="none"))
     assert (packaged.model_id, packaged.batch_size) == (MODEL_ID, 32)
-    quantized = load_embedder(RetrievalSettings())
+    quantized = load_embedder(RetrievalSettings(data_dir=tmp_path))
     assert (quantized.model_id, quantized.batch_size) == (DYNAMIC_INT8_MODEL_ID, 1)
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [
+        quantized_cache_path(default_model_files().model, tmp_path / "models").name
+    ]
 
 
 def test_quantizing_fails_start_up_with_one_line_and_the_way_out(
@@ -145,3 +151,35 @@ def test_quantizing_fails_start_up_with_one_line_and_the_way_out(
     monkeypatch.setitem(sys.modules, "onnxruntime.quantization", None)
     with pytest.raises(ModelFilesError, match="ENGRAM_EMBED_QUANTIZATION=none"):
         quantize_dynamic_int8(default_model_files().model)
+
+
+def test_quantizing_logs_none_of_the_quantizers_per_node_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # it logged 36 "Quantization parameters…"/"Ignore MatMul…" info lines on every start
+    with caplog.at_level(logging.DEBUG):
+        quantize_dynamic_int8(default_model_files().model)
+    assert [r.getMessage() for r in caplog.records if "quantization" in r.pathname] == []
+
+
+def test_the_quantized_model_is_cached_beside_the_data_and_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: Embedder
+) -> None:
+    cache = tmp_path / "models"
+    first = Embedder.default(threads=1, quantized_cache=cache)
+    (cached,) = cache.iterdir()
+    assert cached == quantized_cache_path(default_model_files().model, cache)
+
+    def quantize_again(model: Path) -> bytes:
+        raise AssertionError("the cached copy should have been used")
+
+    monkeypatch.setattr(embedder_module, "quantize_dynamic_int8", quantize_again)
+    second = Embedder.default(threads=1, quantized_cache=cache)
+    assert second.model_id == first.model_id == DYNAMIC_INT8_MODEL_ID
+    np.testing.assert_array_equal(second.embed(TEXTS), embedder.embed(TEXTS))
+
+
+def test_an_unwritable_cache_costs_only_the_next_starts_quantizing(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    assert Embedder.default(threads=1, quantized_cache=blocked / "models").dim == 384

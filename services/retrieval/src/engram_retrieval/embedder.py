@@ -8,15 +8,20 @@ The packaged model stores int8 weights but dequantizes them in the graph, so
 onnxruntime runs its matrix products in float32. By default the embedder derives, at
 load time, a dynamically quantized copy (int8 weights per output channel, activations
 quantized at run time): about three times less CPU a text on this machine, vectors
-within cosine 0.98 of the packaged model's (docs/retrieval.md, Models).
+within cosine 0.98 of the packaged model's (docs/retrieval.md, Models). The quantized
+copy is cached beside the data (``<data_dir>/models``, keyed by the source model's
+SHA-256 and the onnxruntime version), so only the first start pays for quantizing, and
+the quantizer's per-node chatter (dozens of info lines) is kept out of the logs.
 Activations are quantized per run, so each text is run alone: a text's vector never
 depends on what it was batched with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
+import os
 import string
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -27,7 +32,10 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
+from engram_core.logging import get_logger
 from engram_retrieval.settings import EmbedQuantization
+
+log = get_logger(__name__)
 
 MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
 #: The packaged model quantized dynamically at load time (the default).
@@ -105,12 +113,16 @@ def load_tokenizer(path: Path, *, max_length: int) -> Tokenizer:
     return tokenizer
 
 
-class _QuantizerAdvice(logging.Filter):
-    """Drops the quantizer's generic advice to pre-process the model (logged on the
-    root logger on every call): this model is folded before it is quantized."""
+class _QuantizerChatter(logging.Filter):
+    """Drops what the quantizer logs on the root logger while it runs: an info line per
+    node it quantizes or skips ("Quantization parameters for tensor…", "Ignore MatMul…")
+    and its generic advice to pre-process the model (this model is folded first)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "pre-processing before quantization" not in record.getMessage()
+        if "pre-processing before quantization" in record.getMessage():
+            return False
+        from_quantizer = f"onnxruntime{os.sep}quantization" in record.pathname
+        return not (from_quantizer and record.levelno <= logging.INFO)
 
 
 def quantize_dynamic_int8(model: Path) -> bytes:
@@ -139,9 +151,9 @@ def quantize_dynamic_int8(model: Path) -> bytes:
             ort.InferenceSession(str(model), sess_options=options, providers=[_CPU])
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ModelFilesError(f"cannot load ONNX model {model}: {exc}") from exc
-        advice = _QuantizerAdvice()
+        chatter = _QuantizerChatter()
         root = logging.getLogger()
-        root.addFilter(advice)
+        root.addFilter(chatter)
         try:
             quantize_dynamic(
                 folded,
@@ -156,8 +168,39 @@ def quantize_dynamic_int8(model: Path) -> bytes:
                 "(set ENGRAM_EMBED_QUANTIZATION=none to run it as packaged)"
             ) from exc
         finally:
-            root.removeFilter(advice)
+            root.removeFilter(chatter)
         return quantized.read_bytes()
+
+
+def quantized_cache_path(model: Path, cache_dir: Path) -> Path:
+    """Where the dynamically quantized copy of ``model`` is cached: named by the source
+    model's SHA-256 and the onnxruntime version (whose quantizer made it)."""
+    digest = hashlib.sha256()
+    with model.open("rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+    return cache_dir / f"{digest.hexdigest()[:32]}-ort{ort.__version__}-dynamic-int8.onnx"
+
+
+def cached_quantize_dynamic_int8(model: Path, cache_dir: Path | None) -> Path | bytes:
+    """The quantized copy of ``model`` from ``cache_dir`` when it was made before, else
+    made now (:func:`quantize_dynamic_int8`) and stored there for the next start. A
+    cache that cannot be written costs only the next start's quantizing."""
+    if cache_dir is None:
+        return quantize_dynamic_int8(model)
+    cached = quantized_cache_path(model, cache_dir)
+    if cached.is_file():
+        return cached
+    quantized = quantize_dynamic_int8(model)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # written under another name and renamed: a reader never sees half a model
+        with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".part", delete=False) as part:
+            part.write(quantized)
+        os.replace(part.name, cached)
+    except OSError as exc:
+        log.warning("embedder.quantized_cache_unwritable", path=str(cached), error=str(exc))
+    return quantized
 
 
 def create_session(model: Path | bytes, *, threads: int) -> ort.InferenceSession:
@@ -205,7 +248,10 @@ class Embedder:
         batch_size: int = 32,
         threads: int = 0,
         quantization: EmbedQuantization = "none",
+        quantized_cache: Path | None = None,
     ) -> None:
+        """``quantized_cache``: a directory that keeps the quantized copy between starts
+        (None: quantize on every start)."""
         self.max_length = max_length
         self._tokenizer = load_tokenizer(files.tokenizer, max_length=max_length)
         if quantization == "dynamic-int8":
@@ -213,7 +259,7 @@ class Embedder:
             # One text per run (see the module's docstring); splitting a run of a couple
             # of milliseconds over threads costs more CPU than it saves time.
             self.batch_size = 1
-            model: Path | bytes = quantize_dynamic_int8(files.model)
+            model: Path | bytes = cached_quantize_dynamic_int8(files.model, quantized_cache)
             threads = threads or 1
         else:
             self.model_id = files.model_id
@@ -235,6 +281,7 @@ class Embedder:
         batch_size: int = 32,
         threads: int = 0,
         quantization: EmbedQuantization = "dynamic-int8",
+        quantized_cache: Path | None = None,
     ) -> Embedder:
         """The packaged model, quantized dynamically unless ``quantization`` is ``none``."""
         return cls(
@@ -243,6 +290,7 @@ class Embedder:
             batch_size=batch_size,
             threads=threads,
             quantization=quantization,
+            quantized_cache=quantized_cache,
         )
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

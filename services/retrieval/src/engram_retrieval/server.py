@@ -45,6 +45,7 @@ def load_embedder(settings: RetrievalSettings) -> Embedder:
         batch_size=settings.embed_batch_size,
         threads=settings.embed_threads,
         quantization=settings.embed_quantization,
+        quantized_cache=settings.data_dir / "models",
     )
 
 
