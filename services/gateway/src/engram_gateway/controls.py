@@ -41,6 +41,7 @@ HEADER_FOR_FIELD: dict[str, str] = {
     "memory": "X-Engram-Memory",
     "memory_id": "X-Engram-Memory-Id",
     "memory_top_k": "X-Engram-Memory-Top-K",
+    "memory_max_tokens": "X-Engram-Memory-Max-Tokens",
     "memory_recency_weight": "X-Engram-Memory-Recency-Weight",
     "memory_score_threshold": "X-Engram-Memory-Score-Threshold",
     "memory_mmr_lambda": "X-Engram-Memory-Mmr-Lambda",
@@ -54,7 +55,9 @@ _HEADER_TYPES = {
     "memory": "boolean (true/false)",
     "memory_cross_session": "boolean (true/false)",
     "memory_top_k": "integer",
+    "memory_max_tokens": "integer",
 }
+_INTEGERS = ("memory_top_k", "memory_max_tokens")
 
 
 def _conversation_id(value: str) -> str:
@@ -72,6 +75,8 @@ ConversationId = Annotated[
 # The memory knobs' types, for the chat's controls and the memory API's search alike:
 # strict, so "5", true or false are refused rather than read as 5, 1 or 0.
 TopK = Annotated[int, Strict(), Field(ge=1, le=100)]
+# Tokens of the memory message a chat may be given; 0: no budget (top_k hits).
+MaxTokens = Annotated[int, Strict(), Field(ge=0, le=100_000)]
 Fraction = Annotated[float, Strict(), Field(ge=0, le=1)]
 Switch = Annotated[bool, Strict()]
 
@@ -136,6 +141,7 @@ class MemoryControls(BaseModel):
     memory: Switch | None = None
     memory_id: ConversationId | None = None
     memory_top_k: TopK | None = None
+    memory_max_tokens: MaxTokens | None = None
     memory_recency_weight: Fraction | None = None
     memory_score_threshold: Fraction | None = None
     memory_mmr_lambda: Fraction | None = None
@@ -148,6 +154,9 @@ class MemoryControls(BaseModel):
             update={
                 "memory": settings.gateway_memory_enabled if self.memory is None else self.memory,
                 "memory_top_k": _first(self.memory_top_k, settings.gateway_memory_top_k),
+                "memory_max_tokens": _first(
+                    self.memory_max_tokens, settings.gateway_memory_max_tokens
+                ),
                 "memory_recency_weight": _first(
                     self.memory_recency_weight, settings.gateway_memory_recency_weight
                 ),
@@ -186,7 +195,7 @@ def _from_header(name: str, header: str, raw: str) -> Any:
             if text.lower() in _FALSE:
                 return False
             raise ValueError
-        if name == "memory_top_k":
+        if name in _INTEGERS:
             return int(text)
         if name == "memory_id":
             return text

@@ -32,6 +32,7 @@ from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord, SearchHit, SearchQuery, SearchResult
 from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_gateway.controls import MemoryControls
+from engram_gateway.token_budget import estimate_tokens, hits_for_budget
 
 log = get_logger(__name__)
 
@@ -51,7 +52,17 @@ class MemoryStatus(enum.StrEnum):
 class Recall:
     status: MemoryStatus
     system_message: dict[str, Any] | None = None
-    hits: list[dict[str, Any]] = field(default_factory=list)
+    hits: list[dict[str, Any]] = field(default_factory=list)  # the injected ones
+    tokens: int = 0  # the memory message's estimated size (token_budget.estimate_tokens)
+    # what retrieval answered (before the window and the budget), for benchmarks
+    outcome: str = ""
+
+
+@dataclass(frozen=True)
+class RecallQuery(SearchQuery):
+    """The search, and how many tokens of it the chat may be given (0: no budget)."""
+
+    max_tokens: int = 0
 
 
 # --- reading the request -------------------------------------------------------------
@@ -105,14 +116,20 @@ def inject(messages: list[Any], index: int, system_message: dict[str, Any]) -> l
 # --- searching -----------------------------------------------------------------------
 
 
-def search_query(*, tenant: str, query: str, user_id: str, controls: MemoryControls) -> SearchQuery:
-    """The recall a request asks for; unset knobs take retrieval's defaults."""
-    return SearchQuery(
+def search_query(*, tenant: str, query: str, user_id: str, controls: MemoryControls) -> RecallQuery:
+    """The recall a request asks for; unset knobs take retrieval's defaults. With a
+    token budget, enough hits are asked for to spend it (``memory_top_k`` caps them)."""
+    max_tokens = controls.memory_max_tokens or 0
+    top_k = controls.memory_top_k
+    if max_tokens:
+        top_k = hits_for_budget(max_tokens, controls.memory_top_k)
+    return RecallQuery(
         tenant=tenant,
         text=query,
         user_id=user_id,
         conversation_id=controls.conversation_id,
-        top_k=controls.memory_top_k,
+        top_k=top_k,
+        max_tokens=max_tokens,
         recency_weight=controls.memory_recency_weight,
         score_threshold=controls.memory_score_threshold,
         mmr_lambda=controls.memory_mmr_lambda,
@@ -151,9 +168,11 @@ async def recall(
     *,
     messages: Sequence[Any] = (),
     now: datetime | None = None,
+    max_tokens: int | None = None,
 ) -> Recall:
     """Search and render. ``messages``: the request's messages; hits repeating one of
-    them are not injected (nor reported in ``memory_hits``)."""
+    them are not injected (nor reported in ``memory_hits``). ``max_tokens``: the budget
+    of the memory message (default: the query's, when it is a :class:`RecallQuery`)."""
     try:
         result = await memories.search(query)
     except RetrievalError as exc:
@@ -165,12 +184,51 @@ async def recall(
             retrieval=memories.client.address,
         )
         return Recall(MemoryStatus.UNAVAILABLE)
+    outcome = result.outcome
     dropped = drop_in_window(result, messages)
+    budget = max_tokens if max_tokens is not None else getattr(query, "max_tokens", 0)
+    today = now or datetime.now(UTC)
+    if budget:
+        result.hits = within_budget(result, budget, now=today, in_window=dropped)
     hits = [hit_json(hit) for hit in result.hits]
-    text = render_memory(result, now=now or datetime.now(UTC), in_window=dropped)
+    text = render_memory(result, now=today, in_window=dropped)
     if text is None:
-        return Recall(MemoryStatus.EMPTY, hits=hits)
-    return Recall(MemoryStatus.USED, {"role": "system", "content": text}, hits)
+        return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome)
+    message = {"role": "system", "content": text}
+    return Recall(MemoryStatus.USED, message, hits, estimate_tokens(text), outcome)
+
+
+def within_budget(
+    result: SearchResult, max_tokens: int, *, now: datetime, in_window: int = 0
+) -> list[SearchHit]:
+    """The hits, best first, that fit in ``max_tokens`` beside what is always attached
+    (the summary, the profile, the headings), each costed as it will be rendered (a turn
+    joining a note of its neighbours costs its own line only)."""
+    fixed = [*_attached_lines(result, now), _hits_heading(result, in_window)]
+    spent = sum(estimate_tokens(line) for line in fixed)
+    groups: list[list[MemoryRecord]] = []
+    kept: list[SearchHit] = []
+    for hit in result.hits:
+        home = _home(groups, hit.memory)
+        number = len(groups) + 1 if home is None else groups.index(home) + 1
+        before = [] if home is None else home
+        after = sorted([*before, hit.memory], key=lambda m: m.turn_index)
+        cost = _lines_cost(_group_lines(number, after)) - (
+            _lines_cost(_group_lines(number, before)) if before else 0
+        )
+        if spent + cost > max_tokens:
+            break
+        spent += cost
+        if home is None:
+            groups.append(after)
+        else:
+            groups[number - 1] = after
+        kept.append(hit)
+    return kept
+
+
+def _lines_cost(lines: Sequence[str]) -> int:
+    return sum(estimate_tokens(line) for line in lines)
 
 
 # --- describing what was found --------------------------------------------------------
@@ -241,6 +299,46 @@ def _hit_line(number: int, memory: MemoryRecord) -> str:
     return f"{number}. [{_day(memory.created_at)}] {label}: {quoted(memory.text)}"
 
 
+def _neighbours(a: MemoryRecord, b: MemoryRecord) -> bool:
+    """Turns said one after the other in one conversation on one day: read together."""
+    return (
+        a.kind == b.kind == "turn"
+        and not is_corrected(a.metadata)
+        and not is_corrected(b.metadata)
+        and a.user_id == b.user_id
+        and a.conversation_id == b.conversation_id
+        and _day(a.created_at) == _day(b.created_at)
+        and abs(a.turn_index - b.turn_index) == 1
+    )
+
+
+def _adjacent_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:
+    """The hits as notes, in rank order: a turn joins the note of a better-ranked turn it
+    directly follows or precedes; a note's turns are in the order they were said."""
+    groups: list[list[MemoryRecord]] = []
+    for memory in memories:
+        home = _home(groups, memory)
+        if home is None:
+            groups.append([memory])
+        else:
+            home.append(memory)
+            home.sort(key=lambda m: m.turn_index)
+    return groups
+
+
+def _home(groups: Sequence[list[MemoryRecord]], memory: MemoryRecord) -> list[MemoryRecord] | None:
+    """The first note holding a turn said right before or after ``memory``."""
+    return next((g for g in groups if any(_neighbours(memory, m) for m in g)), None)
+
+
+def _group_lines(number: int, group: Sequence[MemoryRecord]) -> list[str]:
+    if len(group) == 1:
+        return [_hit_line(number, group[0])]
+    first = group[0]
+    heading = f"{number}. [{_day(first.created_at)}] {len(group)} turns in a row:"
+    return [heading, *(f"   {m.role or 'someone'} said: {quoted(m.text)}" for m in group)]
+
+
 def _profile_line(memory: MemoryRecord) -> str:
     if memory.profile is not None:
         entry = memory.profile
@@ -279,6 +377,20 @@ MEMORY_PREAMBLE = (
 )
 
 
+def _attached_lines(result: SearchResult, now: datetime) -> list[str]:
+    """The preamble, today's date, the summary and the profile: what every memory
+    message holds, whatever the budget."""
+    summary = result.summary if result.summary and result.summary.text.strip() else None
+    profile = [m for m in result.profile if m.text.strip() or m.profile is not None]
+    lines = [MEMORY_PREAMBLE, f"Today is {now.astimezone(UTC).strftime('%Y-%m-%d')}."]
+    if summary is not None:
+        as_of = _day(summary.updated_at or summary.created_at)
+        lines += ["", f"Conversation summary (as of {as_of}):", quoted(summary.text)]
+    if profile:
+        lines += ["", "About the user:", *(_profile_line(m) for m in profile)]
+    return lines
+
+
 def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) -> str | None:
     """The injected system message, or None when there is nothing to say.
     ``in_window``: hits left out because the request already holds them."""
@@ -289,18 +401,11 @@ def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) ->
     if not (summary or profile or hits or nothing_relevant):
         return None
 
-    lines = [MEMORY_PREAMBLE, f"Today is {now.astimezone(UTC).strftime('%Y-%m-%d')}."]
-    if summary is not None:
-        as_of = _day(summary.updated_at or summary.created_at)
-        lines += ["", f"Conversation summary (as of {as_of}):", quoted(summary.text)]
-    if profile:
-        lines += ["", "About the user:", *(_profile_line(m) for m in profile)]
+    lines = _attached_lines(result, now)
     if hits:
-        lines += [
-            "",
-            _hits_heading(result, in_window),
-            *(_hit_line(i, hit.memory) for i, hit in enumerate(hits, start=1)),
-        ]
+        lines += ["", _hits_heading(result, in_window)]
+        for number, group in enumerate(_adjacent_groups([h.memory for h in hits]), start=1):
+            lines += _group_lines(number, group)
     elif nothing_relevant:
         lines += ["", "No stored memory is relevant to this message."]
     return "\n".join(lines)
