@@ -136,11 +136,16 @@ def test_each_component_has_its_own_workload_and_service() -> None:
 
 
 def test_gateway_probes_http_healthz_and_readyz() -> None:
+    """Readiness is /readyz (this pod can serve chats), never /readyz/memory: a retrieval
+    restart must not take every gateway pod out of service, since chats are answered
+    without memory meanwhile."""
     (container,) = containers(named(render(), "Deployment", full("gateway")))
     assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8100}
     assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": 8100}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 8100}
+    for probe in ("livenessProbe", "startupProbe", "readinessProbe"):
+        assert "memory" not in container[probe]["httpGet"]["path"]
     env = env_of(container)
     assert env["ENGRAM_GATEWAY_HOST"]["value"] == "0.0.0.0"
     assert env["ENGRAM_GATEWAY_PORT"]["value"] == "8100"
@@ -524,6 +529,7 @@ def test_helm_test_checks_gateway_health_and_a_retrieval_search() -> None:
     (container,) = pod["spec"]["containers"]
     script = container["args"][0]
     assert "/healthz" in script and "/readyz" in script
+    assert '"/readyz/memory"' in script  # memory checked apart from readiness
     assert '"/ui/"' in script and '"/mcp"' in script
     assert "MemoryServiceStub" in script and ".Search(" in script
     env = env_of(container)

@@ -649,9 +649,14 @@ async def test_retrieval_down_the_chat_goes_on_without_memory(
     assert streamed.status_code == 200
     assert streamed.headers["x-engram-memory"] == "unavailable"
 
+    # this pod still serves chats: ready; memory is reported unavailable apart
+    memory = await client.get("/readyz/memory")
+    assert memory.status_code == 503
+    assert memory.json()["error"]["code"] == "memory_unavailable"
     ready = await client.get("/readyz")
-    assert ready.status_code == 503
-    assert ready.json()["checks"] == {"retrieval": "unavailable", "nats": "ok", "bus": "ok"}
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"nats": "ok", "bus": "ok"}
+    assert ready.json()["memory"] == "unavailable"
 
 
 async def test_nats_down_is_503_and_nothing_is_forwarded(

@@ -392,3 +392,61 @@ async def test_caller_chosen_models_paths_and_methods_leave_metrics_bounded(
     await chats(MAX_MODEL_LABELS + 5, 300)
     await odd_requests(20, 300)
     assert await metrics_size() - settled < 2_000, "a caller's strings became labels"
+
+
+# --- readiness -------------------------------------------------------------------------
+
+
+async def test_readiness_is_about_chats_and_memory_is_reported_apart(
+    start_gateway: StartGateway, fake_retrieval: Any
+) -> None:
+    """Retrieval going away (a restart) leaves the pod ready, since chats still answer;
+    /readyz/memory, /readyz's ``memory`` and the gauge say memory is unavailable, and
+    come back when it does."""
+    from opentelemetry.sdk.resources import Resource
+
+    from engram_core.metrics import setup_metrics
+
+    setup_metrics(Resource.create({"service.name": "engram-gateway-test"}))
+    from engram_cli.nats_server import free_port
+
+    gateway = await start_gateway(retrieval_address=f"127.0.0.1:{free_port()}")
+    client = gateway.client()
+    chat = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+    chatted = await client.post(CHAT, json=chat)
+    assert (chatted.status_code, chatted.headers["x-engram-memory"]) == (200, "unavailable")
+
+    memory = await client.get("/readyz/memory")
+    assert memory.status_code == 503
+    assert memory.json()["error"]["code"] == "memory_unavailable"
+    assert memory.json()["checks"] == {"retrieval": "unavailable"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json() == {
+        "status": "ready",
+        "checks": {"nats": "ok", "bus": "ok"},
+        "memory": "unavailable",
+    }
+    assert memory_gauge(await client.get("/metrics")) == 0.0
+
+    serving = await start_gateway()  # the fake retrieval serves
+    client = serving.client()
+    assert (await client.get("/readyz/memory")).status_code == 200
+    assert (await client.get("/readyz")).json()["memory"] == "ok"
+    assert memory_gauge(await client.get("/metrics")) == 1.0
+
+
+def memory_gauge(metrics: Any) -> float:
+    (line,) = [
+        line
+        for line in metrics.text.splitlines()
+        if line.startswith("engram_gateway_memory_available{")
+    ]
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_the_probes_answer_without_an_api_key(start_gateway: StartGateway) -> None:
+    gateway = await start_gateway(api_keys="sha256:" + "0" * 64 + "=acme")
+    client = gateway.client()
+    for path in ("/healthz", "/readyz", "/readyz/memory"):
+        assert (await client.get(path)).status_code == 200, path

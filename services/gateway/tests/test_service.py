@@ -70,11 +70,17 @@ def echo_upstream() -> Iterator[EchoUpstream]:
 async def test_healthz_and_readyz(client: httpx2.AsyncClient) -> None:
     health = await client.get("/healthz")
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
+    memory = await client.get("/readyz/memory")
+    assert (memory.status_code, memory.json()) == (
+        200,
+        {"status": "ready", "checks": {"retrieval": "ok"}},
+    )
     ready = await client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {
         "status": "ready",
-        "checks": {"retrieval": "ok", "nats": "ok", "bus": "ok"},
+        "checks": {"nats": "ok", "bus": "ok"},
+        "memory": "ok",
     }
     assert ready.headers["x-request-id"]
 

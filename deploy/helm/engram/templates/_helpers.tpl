@@ -221,7 +221,9 @@ initialDelaySeconds: {{ . }}
 {{- end }}
 
 {{/* Probes for a container: (list $probes "http"|"grpc" port). HTTP: /healthz for
-startup and liveness, /readyz for readiness; gRPC: grpc.health.v1, service "". */}}
+startup and liveness, /readyz for readiness (the gateway's says it can serve chats, and
+does not wait for retrieval: chats are answered without memory; its /readyz/memory is
+for the helm test and dashboards); gRPC: grpc.health.v1, service "". */}}
 {{- define "engram.probes" -}}
 {{- $probes := index . 0 }}
 {{- $type := index . 1 }}

@@ -6,6 +6,7 @@ An unreachable NATS does not stop start-up (:mod:`engram_gateway.bus_link`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
@@ -27,6 +28,7 @@ from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.bus_link import BusLink
 from engram_gateway.errors import install_error_handlers
 from engram_gateway.guard import RequestGuardMiddleware
+from engram_gateway.health import MemoryHealth
 from engram_gateway.mcp_http import mount_mcp
 from engram_gateway.request_ids import RequestIdMiddleware
 from engram_gateway.settings import GatewaySettings
@@ -49,6 +51,12 @@ async def _stop_broker(broker: NatsBroker) -> None:
         with suppress(Exception):
             if not broker.connection.is_closed:
                 await broker.connection.close()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with suppress(asyncio.CancelledError):
+        await task
 
 
 def create_app(
@@ -88,9 +96,13 @@ def create_app(
             # Runs first on the way out: turns in flight land before the broker closes.
             stack.push_async_callback(publisher.drain, settings.gateway_publish_drain_s)
 
+            memories = MemoryPort(retrieval)
+            app.state.memory_health = MemoryHealth(memories)
+            checking = asyncio.create_task(app.state.memory_health.run())
+            stack.push_async_callback(_cancel, checking)
             app.state.gateway = GatewayState(
                 settings=settings,
-                memories=MemoryPort(retrieval),
+                memories=memories,
                 broker=broker,
                 publisher=publisher,
                 upstream=Upstream(settings, http, llm),
@@ -147,7 +159,7 @@ def create_app(
     FastAPIInstrumentor.instrument_app(
         app,
         tracer_provider=tracer_provider,
-        excluded_urls="/healthz,/readyz,/metrics,/ui/",
+        excluded_urls="/healthz,/readyz,/readyz/memory,/metrics,/ui/",
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )

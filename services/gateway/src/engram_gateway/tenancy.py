@@ -28,7 +28,7 @@ DEFAULT_TENANT = "default"
 #: none (metrics carry no memory content; keep /metrics off the public ingress). So do the
 #: memory browser's static page and assets (no memory data; the page's API calls carry
 #: the key the user signs in with).
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/", "/ui"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/readyz/memory", "/metrics", "/", "/ui"})
 OPEN_PREFIXES = ("/ui/",)
 _TENANT = "tenant"
 _ADMIN = "admin"
