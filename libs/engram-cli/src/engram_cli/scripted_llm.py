@@ -2,7 +2,10 @@
 
 It speaks the Chat Completions wire format (JSON and SSE streaming) with
 deterministic replies, so the gateway's production code path — the ``openai``
-package over HTTP — is exercised unchanged.
+package over HTTP — is exercised unchanged; and, with the same scripted replies, the
+OpenAI Responses API (``POST /v1/responses``), the Anthropic Messages API
+(``POST /v1/messages``) and Ollama's native chat (``POST /api/chat``), each in its own
+framing (:mod:`engram_cli.scripted_apis`), as Ollama serves them all on one port.
 
 ``GET /requests`` returns what it received (what Engram sent upstream) as a JSON list,
 newest last (``?limit=N``: the last N); ``DELETE /requests`` forgets them. Credentials
@@ -26,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engram_cli import scripted_apis
 from engram_cli.nats_server import free_port
 from engram_cli.scripted_grammar import split_clauses, third_person, third_person_verb
 
@@ -206,6 +210,34 @@ class ScriptedUpstream:
             }
         )
 
+    async def _other_api(self, request: Request) -> Response:
+        """``/v1/responses``, ``/v1/messages`` and ``/api/chat``: the chat's scripted
+        replies (the same turn count) in that API's format."""
+        body = await request.json()
+        self._record(request, body)
+        self._chats_received += 1
+        path = request.url.path
+        reply, error = _API_FORMATS[path]
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_with is not None:
+            return error(self.fail_with, "scripted failure")
+        answer = self._next_reply(body)
+        if isinstance(answer, UpstreamError):
+            return error(answer.status, answer.message)
+        model = str(body.get("model", self.model))
+        parts: str | scripted_apis.ToolCallParts
+        if isinstance(answer, ToolCall):
+            parts = (answer.name, answer.arguments, answer.id)
+        else:
+            parts = answer.content if isinstance(answer, Completion) else answer
+        stream = body.get("stream", path == "/api/chat") is True
+        return reply(self._chats_received, model, parts, stream)
+
+    def api_requests(self, path: str) -> list[dict[str, Any]]:
+        """The bodies received on one path (``/v1/responses``, ``/api/chat``, ...)."""
+        return [r.body for r in self.requests if r.path == path]
+
     def _chunk(
         self, completion_id: str, created: int, delta: dict[str, Any], finish: str | None = None
     ) -> str:
@@ -272,6 +304,7 @@ class ScriptedUpstream:
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                *(Route(path, self._other_api, methods=["POST"]) for path in _API_FORMATS),
                 Route("/requests", self._recorded, methods=["GET", "DELETE"]),
             ]
         )
@@ -295,6 +328,27 @@ class ScriptedUpstream:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+_ApiReply = Callable[[int, str, "str | scripted_apis.ToolCallParts", bool], Response]
+_API_FORMATS: dict[str, tuple[_ApiReply, Callable[[int, str], Response]]] = {
+    "/v1/responses": (
+        lambda n, model, answer, stream: scripted_apis.responses_reply(
+            n, model, answer, stream=stream
+        ),
+        scripted_apis.responses_error,
+    ),
+    "/v1/messages": (
+        lambda n, model, answer, stream: scripted_apis.messages_reply(
+            n, model, answer, stream=stream
+        ),
+        scripted_apis.messages_error,
+    ),
+    "/api/chat": (
+        lambda _, model, answer, stream: scripted_apis.ollama_reply(model, answer, stream=stream),
+        scripted_apis.ollama_error,
+    ),
+}
 
 
 # --- a deterministic, rule-based stand-in for a model ----------------------------------

@@ -147,6 +147,21 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
         default="http://localhost:11434/v1",
         description="The upstream OpenAI-compatible API, including its /v1 prefix.",
     )
+    llm_responses_url: str | None = Field(
+        default=None,
+        description="Where the upstream serves the OpenAI Responses API (the full URL of "
+        "its /responses endpoint); unset: ENGRAM_LLM_BASE_URL + /responses.",
+    )
+    llm_messages_url: str | None = Field(
+        default=None,
+        description="Where the upstream serves the Anthropic Messages API (the full URL of "
+        "its /messages endpoint); unset: ENGRAM_LLM_BASE_URL + /messages.",
+    )
+    llm_ollama_chat_url: str | None = Field(
+        default=None,
+        description="Where the upstream serves Ollama's native chat (the full URL of its "
+        "/api/chat endpoint); unset: ENGRAM_LLM_BASE_URL without its /v1, + /api/chat.",
+    )
     llm_api_key: SecretStr | None = Field(
         default=None,
         description="Upstream key. When set it is always used; when unset the caller's "
@@ -212,6 +227,13 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
         except re.error as exc:
             raise ValueError(f"not a regular expression: {exc}") from None
         return value
+
+    @field_validator("llm_responses_url", "llm_messages_url", "llm_ollama_chat_url")
+    @classmethod
+    def _endpoint_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        return cls._http_url(value)
 
     @field_validator("llm_base_url")
     @classmethod

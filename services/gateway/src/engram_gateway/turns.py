@@ -66,6 +66,13 @@ def chat_turn_key(turn_index: int, prompt: str) -> str:
     return f"chat/{turn_index}/{_digest(prompt)}"
 
 
+def chained_turn_key(previous_response_id: str, turn_index: int, prompt: str) -> str:
+    """A turn sent on top of history the upstream keeps (Responses'
+    ``previous_response_id``): the client's request does not show where the turn sits
+    in the conversation, the response it follows does."""
+    return f"chain/{_digest(previous_response_id)}/{turn_index}/{_digest(prompt)}"
+
+
 @dataclass(frozen=True)
 class TurnScope:
     """Who a request's turns belong to, and what identifies them (``key``)."""
@@ -91,14 +98,17 @@ class TurnScope:
         model: str,
         turn_index: int,
         prompt: str,
+        key: str | None = None,
     ) -> TurnScope:
+        """``key``: the turn's identity when it is not its position and text
+        (:func:`chained_turn_key`)."""
         return cls(
             tenant=tenant,
             user_id=user_id,
             conversation_id=conversation_id,
             request_id=request_id,
             model=model,
-            key=chat_turn_key(turn_index, prompt),
+            key=key or chat_turn_key(turn_index, prompt),
             turn_index=turn_index,
         )
 

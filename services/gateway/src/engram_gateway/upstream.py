@@ -37,6 +37,7 @@ import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 from openai import APIConnectionError, APIStatusError, APITimeoutError, AsyncOpenAI, Omit
@@ -69,6 +70,7 @@ _SDK_CALL_STATE = frozenset(
 _PASSTHROUGH_ONLY = frozenset({"content-type", "accept-encoding"})
 _CONTROL_BYTES = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
 UPSTREAM_AUTH_HEADER = "x-upstream-authorization"
+API_KEY_HEADER = "x-api-key"
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -184,11 +186,22 @@ def _upstream_message(response: httpx2.Response) -> str:
     return response.text.strip()[:500]
 
 
-def upstream_failed(status: int | None, detail: str) -> GatewayError:
+def url_without_credentials(url: str) -> str:
+    """``url`` as it may be shown and logged: no ``user:password@``, no query (a key may
+    ride there), no fragment."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def upstream_failed(status: int | None, detail: str, url: str = "") -> GatewayError:
+    """The 502 for an upstream that failed (``status``) or could not be reached (None):
+    the latter names the URL tried (``url``, shown without credentials)."""
     if status is None:
+        tried = f" at {url_without_credentials(url)}" if url else ""
         return GatewayError(
             502,
-            f"Upstream LLM unreachable: {detail}",
+            f"Upstream LLM unreachable{tried}: {detail}",
             type=UPSTREAM_ERROR,
             code="upstream_unreachable",
         )
@@ -234,26 +247,56 @@ class Upstream:
             return headers.get("authorization")
         return None  # the caller's Authorization is its Engram key: never forwarded
 
-    def forward_headers(self, incoming: Mapping[str, str], *, chat: bool) -> dict[str, bytes]:
+    def forward_headers(
+        self, incoming: Mapping[str, str], *, chat: bool, credential: str = "authorization"
+    ) -> dict[str, bytes]:
         """The caller's allowed headers as bytes (:func:`is_forwarded`), plus the upstream
         credential. Lower-case names throughout: one spelling per header, no duplicates
         on merge. Values without surrounding whitespace, which is not part of a field
-        value (RFC 9110) and which the HTTP client refuses to send ("Bearer ")."""
+        value (RFC 9110) and which the HTTP client refuses to send ("Bearer ").
+        ``credential``: the header the upstream API reads the configured key from
+        (``x-api-key`` for the Anthropic Messages API)."""
         headers: dict[str, bytes] = {}
         for name, value in incoming.items():
             name = name.lower()
+            if name == API_KEY_HEADER:
+                continue  # a credential: below
             if is_forwarded(name, chat=chat) and (wire := _wire_value(value)) is not None:
                 headers[name] = wire
+        if credential == API_KEY_HEADER and self.settings.llm_api_key is not None:
+            # Anthropic's own API takes its key here, and only the key.
+            headers[API_KEY_HEADER] = self.settings.llm_api_key.get_secret_value().encode()
+            return headers
         auth = _wire_value(self._authorization(incoming) or "")
         if auth:
             headers["authorization"] = auth
+        # The caller's x-api-key (Anthropic's SDKs) is a credential like Authorization:
+        # never forwarded when it may be the caller's Engram key.
+        if self.settings.llm_api_key is None and self.settings.key_table is None:
+            caller_key = next((v for k, v in incoming.items() if k.lower() == API_KEY_HEADER), "")
+            if (wire := _wire_value(caller_key)) is not None and wire:
+                headers[API_KEY_HEADER] = wire
         return headers
 
     async def chat(
         self, body: dict[str, Any], incoming: Mapping[str, str], *, stream: bool
     ) -> httpx2.Response:
         """POST /chat/completions. With ``stream`` the body is left unread for relaying."""
-        forwarded = self.forward_headers(incoming, chat=True)
+        return await self.post_json("/chat/completions", body, incoming, stream=stream)
+
+    async def post_json(
+        self,
+        url: str,
+        body: dict[str, Any],
+        incoming: Mapping[str, str],
+        *,
+        stream: bool,
+        credential: str = "authorization",
+    ) -> httpx2.Response:
+        """POST a chat-like body to ``url`` (a path under ``ENGRAM_LLM_BASE_URL`` or an
+        absolute URL: another API's endpoint) through the same client, retries and
+        error mapping as chats. With ``stream`` the body is left unread for relaying."""
+        forwarded = self.forward_headers(incoming, chat=True, credential=credential)
         non_ascii = {k: v for k, v in forwarded.items() if not v.isascii()}
         headers: dict[str, Any] = {
             k: Omit() if k in non_ascii else v.decode("ascii") for k, v in forwarded.items()
@@ -264,7 +307,7 @@ class Upstream:
         token = _NON_ASCII_HEADERS.set(non_ascii)
         try:
             return await self.llm.post(
-                "/chat/completions",
+                url,
                 cast_to=httpx2.Response,
                 content=content,
                 options={"headers": headers},
@@ -284,8 +327,9 @@ class Upstream:
             raise upstream_timeout(self.settings.llm_timeout_s) from None
         except APIConnectionError as exc:
             detail = str(exc.__cause__ or exc)
-            log.warning("upstream.unreachable", error=detail, base_url=self.settings.llm_base_url)
-            raise upstream_failed(None, detail) from None
+            tried = url if "://" in url else self.settings.llm_base_url.rstrip("/") + url
+            log.warning("upstream.unreachable", error=detail, url=url_without_credentials(tried))
+            raise upstream_failed(None, detail, tried) from None
         finally:
             _NON_ASCII_HEADERS.reset(token)
 
@@ -308,5 +352,6 @@ class Upstream:
         except httpx2.TimeoutException:
             raise upstream_timeout(self.settings.llm_timeout_s) from None
         except httpx2.HTTPError as exc:
-            log.warning("upstream.unreachable", error=str(exc), base_url=self.settings.llm_base_url)
-            raise upstream_failed(None, str(exc) or type(exc).__name__) from None
+            tried = str(request.url)
+            log.warning("upstream.unreachable", error=str(exc), url=url_without_credentials(tried))
+            raise upstream_failed(None, str(exc) or type(exc).__name__, tried) from None
