@@ -7,6 +7,7 @@ and the turns recorded (identity rules, tool results never the person speaking).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -351,3 +352,33 @@ async def test_the_upstream_call_span_ends_once_whatever_happens(
     calls = [s for s in gateway.spans.get_finished_spans() if s.name == "chat m"]
     assert len(calls) == 1
     assert (calls[0].status.status_code.name == "ERROR") is upstream_fails
+
+
+async def test_a_callers_x_api_key_never_reaches_the_upstream_when_engram_has_keys(
+    start_gateway: Any, scripted_upstream: Any
+) -> None:
+    # Anthropic's SDKs send their key in x-api-key: with Engram's own keys configured it
+    # may be the caller's Engram key, which the upstream must never see.
+    key = "engram-key-1"
+    gateway = await start_gateway(
+        api_keys=f"sha256:{hashlib.sha256(key.encode()).hexdigest()}=acme"
+    )
+    headers = {"Authorization": f"Bearer {key}", "x-api-key": key}
+    for path, body in (("/v1/messages", MESSAGES_BODY), ("/v1/chat/completions", CHAT_BODY)):
+        response = await gateway.client().post(path, json=body, headers=headers)
+        assert response.status_code == 200, response.text
+    assert [r.headers.get("x-api-key") for r in scripted_upstream.requests] == [None, None]
+
+
+async def test_the_operators_key_goes_in_x_api_key_to_the_messages_upstream(
+    start_gateway: Any, scripted_upstream: Any
+) -> None:
+    gateway = await start_gateway(llm_api_key="sk-operator")
+    response = await gateway.client().post("/v1/messages", json=MESSAGES_BODY)
+    assert response.status_code == 200, response.text
+    (request,) = scripted_upstream.requests
+    assert request.headers["x-api-key"] == "sk-operator"
+    assert "authorization" not in request.headers
+
+
+CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
