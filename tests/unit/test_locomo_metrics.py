@@ -15,6 +15,7 @@ from engram_cli.locomo.metrics import (
     parse_evidence,
     recall_at_k,
     score_question,
+    session_ranking,
     turns_of_hit,
 )
 
@@ -67,7 +68,9 @@ def test_a_fact_hit_counts_for_all_its_source_turns() -> None:
 def test_score_question_and_mean() -> None:
     scores = score_question(RANKING, EVIDENCE, [2, 4])
     assert scores["recall@2"] == 0.5 and scores["hit@2"] == 1.0 and scores["recall@4"] == 1.0
-    assert set(scores) == {"recall@2", "hit@2", "ndcg@2", "recall@4", "hit@4", "ndcg@4"}
+    assert set(scores) == {
+        f"{metric}@{k}" for metric in ("recall", "hit", "ndcg", "session_recall") for k in (2, 4)
+    }
     other = score_question([{"D5:5"}], {"D1:1"}, [2, 4])
     mean = mean_scores([scores, other])
     assert mean["recall@2"] == 0.25 and mean["recall@4"] == 0.5 and mean["hit@2"] == 0.5
@@ -108,3 +111,15 @@ def test_normalize_dia_id() -> None:
     assert normalize_dia_id("D:1:2") == "D1:2"
     assert normalize_dia_id("D1-2") is None
     assert normalize_dia_id("S1:2") is None
+
+
+def test_session_recall_ranks_sessions_by_their_best_turn() -> None:
+    """Published LoCoMo retrieval figures are session-level: a session counts at the rank
+    of its first turn in the ranking, once."""
+    ranking = [{"D1:1"}, {"D1:2"}, {"D3:4"}, {"D1:3"}, {"D2:1"}]
+    assert session_ranking(ranking) == [{"S1"}, {"S3"}, {"S2"}]
+    scores = score_question(ranking, {"D1:9", "D2:1"}, [1, 2, 3])
+    # the turn D1:9 is not ranked, but its session is, first
+    assert (scores["recall@1"], scores["session_recall@1"]) == (0.0, 0.5)
+    assert scores["session_recall@2"] == 0.5 and scores["session_recall@3"] == 1.0
+    assert scores["recall@3"] == 0.0

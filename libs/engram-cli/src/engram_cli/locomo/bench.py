@@ -6,7 +6,12 @@ sample, ``created_at`` = the session's date, ``source_id`` = the ``dia_id``), an
 scored question through gRPC ``Search`` (conversation scope, ``now`` = the sample's last
 session, ``top_k`` = the largest k, ``score_threshold`` 0: the ranking is measured, not
 the cut-off). Each configuration runs its own retrieval process with its own
-environment over the same stored data; the store is filled once.
+environment over the same stored data; the store is filled once. Turn-level scores are
+reported beside session-level ones (``session_recall@k``, as published LoCoMo figures).
+
+``--delivered`` adds what a chat would be given (:mod:`engram_cli.locomo.delivered`):
+every question through the gateway's recall and rendering with the product's defaults
+and a curve of token budgets, into ``configs.<name>.delivered``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ from engram_cli.locomo.dataset import (
     Question,
     Sample,
     load_samples,
+)
+from engram_cli.locomo.delivered import (
+    DEFAULT_BUDGETS,
+    delivered_pass,
+    delivered_table,
+    plot_delivered,
 )
 from engram_cli.locomo.metrics import mean_scores, score_question, turns_of_hit
 from engram_core.proto import KIND_NAMES, pb, to_timestamp
@@ -200,14 +211,19 @@ def ranking_of(reply: pb.SearchResponse, turn_of_point: dict[str, str]) -> list[
 
 
 def scored_questions(
-    samples: Sequence[Sample], categories: Sequence[int]
+    samples: Sequence[Sample], categories: Sequence[int], limit: int = 0
 ) -> list[tuple[Sample, Question]]:
-    return [
-        (sample, q)
-        for sample in samples
-        for q in sample.questions
-        if q.category in categories and q.evidence and q.question.strip()
-    ]
+    """The questions with usable evidence; with ``limit``, the first ``limit`` of each
+    sample."""
+    picked = []
+    for sample in samples:
+        mine = [
+            (sample, q)
+            for q in sample.questions
+            if q.category in categories and q.evidence and q.question.strip()
+        ]
+        picked += mine[:limit] if limit else mine
+    return picked
 
 
 async def query_all(
@@ -291,10 +307,13 @@ class BenchPlan:
     configs: list[Config]
     batch: int = UPSERT_BATCH
     data_name: str = ""
+    delivered: bool = False
+    budgets: tuple[int, ...] = DEFAULT_BUDGETS
+    limit: int = 0  # scored questions per sample (0: all), for quick iterations
 
 
 async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
-    questions = scored_questions(plan.samples, plan.categories)
+    questions = scored_questions(plan.samples, plan.categories, plan.limit)
     evidence = evidence_counts(plan.samples, plan.categories)
     ingested = Ingested()
     results = []
@@ -308,9 +327,20 @@ async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
                 rows, latencies = await query_all(
                     client, config, questions, plan.ks, ingested.turn_of_point
                 )
-            results.append(
-                summarize(config, rows, latencies, plan.categories, evidence, plan.data_name)
-            )
+                result = summarize(
+                    config, rows, latencies, plan.categories, evidence, plan.data_name
+                )
+                if plan.delivered:
+                    result["delivered"] = await delivered_pass(
+                        client,
+                        config.name,
+                        questions,
+                        plan.categories,
+                        plan.budgets,
+                        ingested.turn_of_point,
+                        tenant_of,
+                    )
+            results.append(result)
     return results, ingested
 
 
@@ -333,6 +363,7 @@ def table(
 ) -> tuple[list[str], list[list[object]]]:
     nk = _ndcg_k(ks)
     columns = ["config", "category", "n", *(f"R@{k}" for k in ks), f"H@{nk}", f"NDCG@{nk}"]
+    columns += [f"session R@{nk}"]
     columns += ["p50 ms", "p95 ms", "p99 ms"]
     rows: list[list[object]] = []
     for result in results:
@@ -344,6 +375,7 @@ def table(
                 [result["config"] if i == 0 else "", name, scores["questions"]]
                 + [round(100 * scores[f"recall@{k}"], 1) for k in ks]
                 + [round(100 * scores[f"hit@{nk}"], 1), round(100 * scores[f"ndcg@{nk}"], 1)]
+                + [round(100 * scores.get(f"session_recall@{nk}", 0.0), 1)]
                 + [latency.get(p, "") for p in ("p50", "p95", "p99")]
             )
     return columns, rows
@@ -449,6 +481,19 @@ def parse_ks(value: str) -> tuple[int, ...]:
     return ks
 
 
+DELIVERED_TITLE = "LoCoMo delivered (%): what a chat's memory message holds; tokens: MiniLM"
+
+
+def parse_budgets(value: str) -> tuple[int, ...]:
+    try:
+        budgets = tuple(dict.fromkeys(int(b) for b in value.split(",") if b.strip()))
+    except ValueError as exc:
+        raise ValueError(f"--budgets: integers separated by commas (got {value!r})") from exc
+    if not budgets or min(budgets) < 0 or max(budgets) > 100_000:
+        raise ValueError(f"--budgets: values within 0..100000, 0 = top_k hits (got {value!r})")
+    return budgets
+
+
 def choose_configs(value: str, env: dict[str, str]) -> tuple[list[Config], dict[str, str]]:
     """The named configurations in order, and the skipped ones with the reason."""
     names = list(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
@@ -476,6 +521,9 @@ def choose_configs(value: str, env: dict[str, str]) -> tuple[list[Config], dict[
 def _cmd_locomo(args: argparse.Namespace) -> int:
     try:
         ks = parse_ks(args.k)
+        budgets = parse_budgets(args.budgets)
+        if args.limit < 0:
+            raise ValueError("--limit must be 0 (all) or more")
         configs, skipped = choose_configs(args.config, dict(os.environ))
         sample_ids = [s.strip() for s in (args.samples or "").split(",") if s.strip()]
         samples = load_samples(Path(args.data), sample_ids)
@@ -500,6 +548,9 @@ def _cmd_locomo(args: argparse.Namespace) -> int:
         batch=args.batch,
         data_name=Path(args.data).name,
     )
+    plan.delivered = args.delivered
+    plan.budgets = budgets
+    plan.limit = args.limit
     if not scored_questions(samples, categories):
         print("engram bench locomo: no question with usable evidence to score", file=sys.stderr)
         return 2
@@ -519,6 +570,10 @@ def _cmd_locomo(args: argparse.Namespace) -> int:
     plot_recall(results, ks, out / "recall_at_k.png")
     plot_latency(results, out / "latency.png")
     print(f"saved {out / 'results.json'}, {out / 'recall_at_k.png'}, {out / 'latency.png'}")
+    if plan.delivered:
+        print_table(*delivered_table(results), title=DELIVERED_TITLE)
+        plot_delivered(results, out / "delivered.png")
+        print(f"saved {out / 'delivered.png'}")
     return 0
 
 
@@ -537,5 +592,17 @@ def add_locomo_parser(
     )
     bench.add_argument("--include-adversarial", action="store_true", help="also score category 5")
     bench.add_argument("--batch", type=int, default=UPSERT_BATCH, help="turns per Upsert")
+    bench.add_argument(
+        "--delivered",
+        action="store_true",
+        help="also score what a chat delivers: the gateway's recall and rendering, "
+        "product defaults and a curve of token budgets",
+    )
+    bench.add_argument(
+        "--budgets",
+        default=",".join(map(str, DEFAULT_BUDGETS)),
+        help="token budgets of the delivered curve (0: top_k hits, no budget)",
+    )
+    bench.add_argument("--limit", type=int, default=0, help="scored questions per sample (0: all)")
     bench.add_argument("--out", default="bench-results/locomo", help="output directory")
     bench.set_defaults(func=handler, run=_cmd_locomo)

@@ -10,6 +10,10 @@ evidence is a set of turn ids.
   brought by a better-ranked hit (so a turn found twice is not counted twice);
   ``IDCG = Σ_{i ≤ min(|evidence|, k)} 1 / log2(i + 1)``.
 
+Session-level scores (``session_recall@k``), as published LoCoMo retrieval figures are:
+the ranking read as a ranking of sessions, each session placed where its best turn is,
+and the question's evidence as the sessions that hold it.
+
 Evidence ids in the data are sometimes malformed; :func:`parse_evidence` recovers what
 it can (``'D8:6; D9:17'`` → two ids, ``'D:11:26'`` → ``D11:26``, ``'D30:05'`` →
 ``D30:5``) and counts the rest.
@@ -115,15 +119,35 @@ def ndcg_at_k(ranking: Ranking, relevant: Collection[str], k: int) -> float:
     return dcg / ideal
 
 
+def session_of(dia_id: str) -> str:
+    """``D3:14`` → ``S3`` (an id that is no turn id stands for itself)."""
+    match = _DIA_ID.fullmatch(dia_id)
+    return f"S{int(match.group(1))}" if match else dia_id
+
+
+def session_ranking(ranking: Ranking) -> list[frozenset[str]]:
+    """The sessions in the order their first turn appears in ``ranking``."""
+    seen: set[str] = set()
+    sessions: list[frozenset[str]] = []
+    for turns in ranking:
+        new = sorted({session_of(t) for t in turns} - seen)
+        seen.update(new)
+        sessions += [frozenset([s]) for s in new]
+    return sessions
+
+
 def score_question(
     ranking: Ranking, relevant: Collection[str], ks: Sequence[int]
 ) -> dict[str, float]:
-    """``recall@k``, ``hit@k`` and ``ndcg@k`` for every k."""
+    """``recall@k``, ``hit@k``, ``ndcg@k`` and ``session_recall@k`` for every k."""
     scores: dict[str, float] = {}
+    sessions = session_ranking(ranking)
+    relevant_sessions = {session_of(t) for t in relevant}
     for k in ks:
         scores[f"recall@{k}"] = recall_at_k(ranking, relevant, k)
         scores[f"hit@{k}"] = hit_at_k(ranking, relevant, k)
         scores[f"ndcg@{k}"] = ndcg_at_k(ranking, relevant, k)
+        scores[f"session_recall@{k}"] = recall_at_k(sessions, relevant_sessions, k)
     return scores
 
 
