@@ -33,7 +33,11 @@ from engram_gateway.mcp_http import mount_mcp
 from engram_gateway.request_ids import RequestIdMiddleware
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState
-from engram_gateway.tenancy import DEFAULT_TENANT, ApiKeyMiddleware
+from engram_gateway.tenancy import (
+    DEFAULT_TENANT,
+    ApiKeyMiddleware,
+    warn_of_unreachable_default_tenant,
+)
 from engram_gateway.turns import TurnPublisher
 from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
 
@@ -53,7 +57,7 @@ async def _stop_broker(broker: NatsBroker) -> None:
                 await broker.connection.close()
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with suppress(asyncio.CancelledError):
         await task
@@ -119,6 +123,8 @@ def create_app(
                 )
             else:
                 log.info("auth.keys_configured", keys=len(keys.entries), tenants=len(keys.tenants))
+                counting = asyncio.create_task(warn_of_unreachable_default_tenant(memories, keys))
+                stack.push_async_callback(_cancel, counting)
             log.info(
                 "gateway.ready",
                 upstream=settings.llm_base_url,

@@ -7,6 +7,10 @@ names the tenant, and a missing or unknown key is answered 401 before any route 
 Without keys there is one tenant, ``default``, and no authentication (local use).
 Routes call :func:`resolve_tenant`; the tenant then travels in every RPC and event.
 
+Memories stored while Engram ran without keys belong to tenant ``default``; once keys
+are configured only a key mapped to ``default`` reaches them.
+:func:`warn_of_unreachable_default_tenant` says so at start when they exist.
+
 Figures shared by every tenant (the workers' queues, every tenant's dead letters) are
 an operator's: routes that show them call :func:`require_admin`, which answers 403
 unless the key's entry carries ``:admin`` (engram_gateway.keys). Without keys the
@@ -15,13 +19,19 @@ local operator is the admin.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from engram_core.logging import get_logger
+from engram_core.memory import MemoryFilter
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_gateway.errors import INVALID_REQUEST, PERMISSION_ERROR, GatewayError, error_body
 from engram_gateway.keys import Caller, KeyTable
+
+log = get_logger(__name__)
 
 DEFAULT_TENANT = "default"
 #: Probes and the Prometheus scrape answer without a key: the kubelet and Prometheus have
@@ -34,6 +44,39 @@ _TENANT = "tenant"
 _ADMIN = "admin"
 #: Who a request acts for when no keys are configured: the local operator.
 LOCAL_OPERATOR = Caller(DEFAULT_TENANT, admin=True)
+
+
+async def warn_of_unreachable_default_tenant(
+    memories: MemoryPort, keys: KeyTable, *, attempts: int = 30, interval_s: float = 2.0
+) -> int:
+    """With keys configured and none for tenant ``default``, log a warning when that
+    tenant holds memories (stored single-tenant, now out of every key's reach); return
+    how many it holds. Retrieval may still be starting: tried ``attempts`` times, then
+    left unsaid (-1) — a hint at start, not a check."""
+    if DEFAULT_TENANT in keys.tenants:
+        return 0
+    for attempt in range(attempts):
+        try:
+            held = (await memories.count(DEFAULT_TENANT, MemoryFilter())).total
+        except RetrievalError as exc:
+            if attempt + 1 < attempts:
+                await asyncio.sleep(interval_s)
+                continue
+            log.info("auth.default_tenant_not_counted", error=str(exc))
+            return -1
+        if held:
+            log.warning(
+                "auth.default_tenant_unreachable",
+                tenant=DEFAULT_TENANT,
+                memories=held,
+                detail=f"{held} memories were stored without API keys (tenant "
+                f"'{DEFAULT_TENANT}') and no configured key maps to '{DEFAULT_TENANT}': no "
+                "request can reach them. To keep them, add a key entry ending in "
+                f"'={DEFAULT_TENANT}' (python -m engram_gateway.keys new {DEFAULT_TENANT}); "
+                "docs/api.md, 'Authentication and tenants'.",
+            )
+        return held
+    return -1
 
 
 def resolve_tenant(request: Request) -> str:
