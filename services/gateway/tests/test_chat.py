@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import structlog
 from openai import AsyncOpenAI
 
 from engram_cli.nats_server import free_port
@@ -628,6 +629,25 @@ async def test_unreachable_upstream_is_502(start_gateway: Any) -> None:
     gateway = await start_gateway(llm_base_url=f"http://127.0.0.1:{free_port()}/v1")
     response = await gateway.client().post(CHAT, json=chat_body())
     assert_openai_error(response, 502, "upstream_unreachable")
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/models"])
+async def test_unreachable_upstream_names_the_url_tried_without_credentials(
+    start_gateway: Any, path: str
+) -> None:
+    port = free_port()
+    gateway = await start_gateway(llm_base_url=f"http://bob:s3cret@127.0.0.1:{port}/v1")
+    with structlog.testing.capture_logs() as logs:
+        response = await gateway.client().request(
+            "POST" if path == CHAT else "GET", path, json=chat_body() if path == CHAT else None
+        )
+    message = assert_openai_error(response, 502, "upstream_unreachable")["message"]
+    tried = f"http://127.0.0.1:{port}/v1/{path.rsplit('/v1/', 1)[1]}"
+    assert f"unreachable at {tried}: " in message
+    (logged,) = [e for e in logs if e["event"] == "upstream.unreachable"]
+    assert logged["url"] == tried
+    for secret in ("s3cret", "bob"):
+        assert secret not in message and secret not in json.dumps(logs, default=str)
 
 
 # --- dependencies down ---------------------------------------------------------------
