@@ -18,7 +18,7 @@ from engram_retrieval.store import (
     StoredPoint,
     StoreError,
 )
-from engram_retrieval.store.base import RecordVector
+from engram_retrieval.store.base import DimensionMismatchError, RecordVector
 from engram_retrieval.store.edge import EdgeStore
 from engram_retrieval.store.qdrant import QdrantStore
 
@@ -331,13 +331,14 @@ async def test_edge_store_persists_across_reopen(tmp_path: Path) -> None:
 async def test_stores_reject_an_existing_collection_of_another_size(tmp_path: Path) -> None:
     edge = await EdgeStore.open(tmp_path / "shard", DIM)
     await edge.close()
-    with pytest.raises(StoreError, match="expected vector size 8, but got 4"):
+    other_model = "holds 4-d vectors but the embedder produces 8-d ones"
+    with pytest.raises(DimensionMismatchError, match=other_model):
         await EdgeStore.open(tmp_path / "shard", 8)
 
     path = str(tmp_path / "local")
     local = await QdrantStore.open("memories", DIM, path=path)
     await local.close()
-    with pytest.raises(StoreError, match="vector size 4"):
+    with pytest.raises(DimensionMismatchError, match=other_model):
         await QdrantStore.open("memories", 8, path=path)
 
 

@@ -117,6 +117,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return status_command(args)
 
 
+def _cmd_serve_embeddings(args: argparse.Namespace) -> int:
+    from engram_cli.embeddings_server import serve_embeddings_command
+
+    return serve_embeddings_command(args)
+
+
 def _cmd_mcp(args: argparse.Namespace) -> int:
     from engram_cli.mcp_cmd import mcp_command
 
@@ -191,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(commands, _cmd_status)
     add_mcp_parser(commands, _cmd_mcp)
     add_dlq_parser(commands, _cmd_dlq)
+
+    from engram_cli.embeddings_server import add_serve_embeddings_parser
+
+    add_serve_embeddings_parser(commands, _cmd_serve_embeddings)
     return parser
 
 

@@ -28,7 +28,7 @@ import errno
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
@@ -217,6 +217,15 @@ class RetrySettings(BaseModel):
         )
 
 
+def _pauses(first_delay_s: float, max_delay_s: float) -> Iterator[float]:
+    """Delays that double from ``first_delay_s`` up to ``max_delay_s``, with jitter, so
+    that processes that lost the same dependency do not come back in lockstep."""
+    delay = first_delay_s
+    while True:
+        yield delay * (0.5 + random.random() / 2)
+        delay = min(delay * 2, max_delay_s)
+
+
 async def retry_transient(
     call: Callable[[], Awaitable[T]],
     *,
@@ -227,22 +236,44 @@ async def retry_transient(
 ) -> T:
     """``await call()`` until it succeeds, fails with an error that is not transient,
     or ``budget_s`` has passed (``None``: no limit); then the last error is raised.
-
-    Delays double from ``first_delay_s`` up to ``max_delay_s``, with jitter, so that
-    processes that lost the same dependency do not come back in lockstep.
+    Delays as :func:`_pauses`.
     """
     deadline = None if budget_s is None else time.monotonic() + budget_s
-    delay = first_delay_s
+    pauses = _pauses(first_delay_s, max_delay_s)
     while True:
         try:
             return await call()
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            pause = delay * (0.5 + random.random() / 2)
+            pause = next(pauses)
             if deadline is not None and time.monotonic() + pause > deadline:
                 raise
             if on_retry is not None:
                 on_retry(exc, pause)
             await asyncio.sleep(pause)
-            delay = min(delay * 2, max_delay_s)
+
+
+def retry_transient_sync(
+    call: Callable[[], T],
+    *,
+    budget_s: float | None,
+    on_retry: Callable[[BaseException, float], None] | None = None,
+    first_delay_s: float = 0.1,
+    max_delay_s: float = 2.0,
+) -> T:
+    """:func:`retry_transient` for blocking code (a model client run in a worker thread)."""
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    pauses = _pauses(first_delay_s, max_delay_s)
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            pause = next(pauses)
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise
+            if on_retry is not None:
+                on_retry(exc, pause)
+            time.sleep(pause)

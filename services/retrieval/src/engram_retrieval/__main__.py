@@ -8,6 +8,7 @@ from engram_core import event_loop
 from engram_core.logging import get_logger
 from engram_core.settings import load_settings
 from engram_retrieval.embedder import ModelFilesError
+from engram_retrieval.remote_embedder import EmbedderRequestError, EmbedderUnavailable
 from engram_retrieval.server import StartupError, serve
 from engram_retrieval.settings import RetrievalSettings
 from engram_retrieval.store import StoreError
@@ -17,7 +18,13 @@ def main() -> None:
     settings = load_settings(RetrievalSettings)
     try:
         event_loop.run(serve(settings), settings.event_loop)
-    except (ModelFilesError, StartupError, StoreError) as exc:
+    except (
+        ModelFilesError,
+        EmbedderRequestError,
+        EmbedderUnavailable,
+        StartupError,
+        StoreError,
+    ) as exc:
         get_logger(__name__).error("retrieval.start_failed", error=str(exc))
         sys.exit(1)
 

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -58,6 +59,28 @@ def is_content_token(token: str) -> bool:
     they are dropped; docs/benchmarks.md)."""
     piece = token.removeprefix("##")
     return bool(piece) and not all(ch in string.punctuation for ch in piece)
+
+
+class SentenceEncoder(Protocol):
+    """What retrieval needs of an embedder: the ONNX :class:`Embedder` or a remote one
+    (engram_retrieval.remote_embedder). Thread-safe; blocking (run off the event loop)."""
+
+    #: Stored in every point's ``embedding_model``: a change is what `engram reembed` mends.
+    model_id: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_one(self, text: str) -> np.ndarray: ...
+
+    def encode(self, texts: Sequence[str]) -> list[Encoded]: ...
+
+    def encode_one(self, text: str) -> Encoded: ...
+
+    def token_vectors(self, text: str) -> np.ndarray: ...
+
+    def close(self) -> None:
+        """Release connections (a remote embedder); the service calls it on shutdown."""
 
 
 class ModelFilesError(RuntimeError):
@@ -93,6 +116,28 @@ def default_model_files() -> ModelFiles:
     if not model.is_file():
         raise ModelFilesError(f"{model} is missing")
     return ModelFiles(model=model, tokenizer=tokenizer, model_id=MODEL_ID)
+
+
+def model_files_at(directory: Path) -> ModelFiles:
+    """A bi-encoder from a directory with ``model.onnx`` and ``tokenizer.json``; its model
+    id names the directory and the model file's hash, so a changed model is noticed."""
+    model, tokenizer = directory / "model.onnx", directory / "tokenizer.json"
+    for path in (model, tokenizer):
+        if not path.is_file():
+            raise ModelFilesError(f"{path} is missing")
+    return ModelFiles(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=f"onnx:{directory.name}@{file_sha256(model)[:12]}",
+    )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_tokenizer(path: Path, *, max_length: int) -> Tokenizer:
@@ -175,11 +220,7 @@ def quantize_dynamic_int8(model: Path) -> bytes:
 def quantized_cache_path(model: Path, cache_dir: Path) -> Path:
     """Where the dynamically quantized copy of ``model`` is cached: named by the source
     model's SHA-256 and the onnxruntime version (whose quantizer made it)."""
-    digest = hashlib.sha256()
-    with model.open("rb") as source:
-        for block in iter(lambda: source.read(1 << 20), b""):
-            digest.update(block)
-    return cache_dir / f"{digest.hexdigest()[:32]}-ort{ort.__version__}-dynamic-int8.onnx"
+    return cache_dir / f"{file_sha256(model)[:32]}-ort{ort.__version__}-dynamic-int8.onnx"
 
 
 def cached_quantize_dynamic_int8(model: Path, cache_dir: Path | None) -> Path | bytes:
@@ -307,6 +348,9 @@ class Embedder:
 
     def embed_one(self, text: str) -> np.ndarray:
         return self.embed([text])[0]
+
+    def close(self) -> None:
+        """Nothing to release: the session lives as long as the embedder."""
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Sentence and token vectors of each text from one model run, in input order."""

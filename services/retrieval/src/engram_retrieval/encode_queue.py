@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engram_retrieval.embedder import Embedder, Encoded
+from engram_retrieval.embedder import Encoded, SentenceEncoder
 
 #: Texts whose vectors are kept (a MiniLM text: 1.5 KB dense + ~1 KB per token).
 CACHE_TEXTS = 512
@@ -52,11 +52,15 @@ class EncodeStats:
 
 
 class EncodeQueue:
-    """Batches :meth:`Embedder.encode` across concurrent callers (thread-safe model, one
+    """Batches :meth:`SentenceEncoder.encode` across concurrent callers (thread-safe model, one
     run at a time, off the event loop)."""
 
     def __init__(
-        self, embedder: Embedder, *, cache_texts: int = CACHE_TEXTS, max_run: int = MAX_RUN_TEXTS
+        self,
+        embedder: SentenceEncoder,
+        *,
+        cache_texts: int = CACHE_TEXTS,
+        max_run: int = MAX_RUN_TEXTS,
     ) -> None:
         self.embedder = embedder
         self.cache_texts = cache_texts

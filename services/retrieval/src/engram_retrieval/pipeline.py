@@ -38,9 +38,13 @@ from engram_core.memory import (
     SearchQuery,
     is_tenant_wide,
 )
-from engram_retrieval.embedder import Embedder
+from engram_retrieval.embedder import SentenceEncoder
 from engram_retrieval.encode_queue import EncodeQueue
-from engram_retrieval.expansion import expand_first_person
+from engram_retrieval.expansion import (
+    expand_categories,
+    expand_first_person,
+    is_about_the_user,
+)
 from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.overview import asks_for_overview
 from engram_retrieval.payload import parse_ts
@@ -177,12 +181,14 @@ class SearchPipeline:
     def __init__(
         self,
         store: MemoryStore,
-        embedder: Embedder,
+        embedder: SentenceEncoder,
         scorer: RelevanceScorer,
         defaults: RankingParams,
         *,
         candidates: str = "hybrid",
         first_person_expansion: bool = False,
+        category_expansion: bool = False,
+        personal_score_threshold: float | None = None,
         overview_limit: int = 20,
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
@@ -200,6 +206,9 @@ class SearchPipeline:
         self.lexical = LexicalEncoder()
         self.candidates = candidates
         self.first_person_expansion = first_person_expansion
+        self.category_expansion = category_expansion
+        # the default threshold of a question about the user (None: the one default)
+        self.personal_score_threshold = personal_score_threshold
         self.overview_limit = overview_limit
         # Only a scorer that reads MaxSim gets it; a cross-encoder reads the texts.
         self.late_interaction = getattr(scorer, "late_weight", 0.0) > 0.0
@@ -210,6 +219,8 @@ class SearchPipeline:
 
     def params(self, query: SearchQuery) -> RankingParams:
         d = self.defaults
+        if self.personal_score_threshold is not None and is_about_the_user(query.text):
+            d = replace(d, score_threshold=self.personal_score_threshold)
         top_k = d.top_k
         if query.top_k is not None:
             top_k = query.top_k
@@ -293,6 +304,7 @@ class SearchPipeline:
         with self.tracer.start_as_current_span("embed", attributes=attrs) as span:
             t = time.perf_counter()
             text = expand_first_person(query.text) if self.first_person_expansion else query.text
+            text = expand_categories(text) if self.category_expansion else text
             encoded = await self.encoder.encode_one(text, urgent=True)
             sparse_query = self.lexical.query(text) if self.candidates != "dense" else None
             timings.embed_ms = _ms(t)

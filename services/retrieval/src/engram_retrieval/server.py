@@ -17,7 +17,12 @@ from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVER_KEEPALIVE_OPTIONS, SERVICE_NAME
-from engram_retrieval.embedder import Embedder
+from engram_retrieval.embedder import (
+    Embedder,
+    SentenceEncoder,
+    default_model_files,
+    model_files_at,
+)
 from engram_retrieval.encode_queue import EncodeQueue
 from engram_retrieval.pipeline import SearchPipeline
 from engram_retrieval.ranking import RankingParams
@@ -26,6 +31,7 @@ from engram_retrieval.relevance import (
     CrossEncoderScorer,
     RelevanceScorer,
 )
+from engram_retrieval.remote_embedder import RemoteEmbedder
 from engram_retrieval.service import MemoryServicer
 from engram_retrieval.settings import RetrievalSettings
 from engram_retrieval.store import MemoryStore, open_store
@@ -39,13 +45,33 @@ class StartupError(RuntimeError):
     """The service cannot start (address in use...)."""
 
 
-def load_embedder(settings: RetrievalSettings) -> Embedder:
-    return Embedder.default(
+def load_embedder(settings: RetrievalSettings) -> SentenceEncoder:
+    """The embedder the settings name: the packaged MiniLM, a bi-encoder from
+    ENGRAM_EMBED_MODEL_PATH, or ENGRAM_EMBED_URL's model (with local token vectors)."""
+    files = (
+        model_files_at(settings.embed_model_path)
+        if settings.embed_model_path
+        else default_model_files()
+    )
+    local = Embedder(
+        files,
         max_length=settings.embed_max_length,
         batch_size=settings.embed_batch_size,
         threads=settings.embed_threads,
         quantization=settings.embed_quantization,
         quantized_cache=settings.data_dir / "models",
+    )
+    if settings.embed_url is None:
+        return local
+    api_key = settings.embed_api_key.get_secret_value() if settings.embed_api_key else None
+    return RemoteEmbedder(
+        settings.embed_url,
+        settings.embed_model,
+        api_key=api_key,
+        timeout_s=settings.embed_timeout_s,
+        retry_s=settings.embed_retry_s,
+        batch_size=settings.embed_batch_size,
+        token_model=local,
     )
 
 
@@ -124,7 +150,7 @@ async def warn_of_other_models(store: MemoryStore, model_id: str) -> int:
 async def build_server(
     settings: RetrievalSettings,
     *,
-    embedder: Embedder | None = None,
+    embedder: SentenceEncoder | None = None,
     scorer: RelevanceScorer | None = None,
     tracer: trace.Tracer | None = None,
     clock: Callable[[], datetime] | None = None,
@@ -153,6 +179,8 @@ async def build_server(
             ranking_defaults(settings),
             candidates=settings.search_candidates,
             first_person_expansion=settings.search_first_person_expansion,
+            category_expansion=settings.search_category_expansion,
+            personal_score_threshold=settings.search_personal_score_threshold,
             overview_limit=settings.search_overview_limit,
             tracer=tracer,
             clock=clock,
@@ -213,6 +241,7 @@ async def serve(settings: RetrievalSettings) -> None:
         await stop.wait()
         log.info("retrieval.stopping", grace_s=settings.shutdown_grace_s)
         await running.stop()
+        running.servicer.embedder.close()
         log.info("retrieval.stopped")
     finally:
         telemetry.shutdown()

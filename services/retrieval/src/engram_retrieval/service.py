@@ -24,7 +24,7 @@ from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, ScopeName, 
 from engram_core.proto import KIND_NAMES, from_timestamp, kind_name, pb, pb_grpc, to_timestamp
 from engram_core.retrieval_client import SERVICE_NAME
 from engram_core.rpc_tracing import served_call
-from engram_retrieval.embedder import Embedder
+from engram_retrieval.embedder import SentenceEncoder
 from engram_retrieval.payload import (
     build_payload,
     derive_id,
@@ -37,6 +37,7 @@ from engram_retrieval.payload import (
 )
 from engram_retrieval.pipeline import OutcomeName, SearchPipeline
 from engram_retrieval.pipeline import RequestError as InvalidRequest
+from engram_retrieval.remote_embedder import EmbedderRequestError, EmbedderUnavailable
 from engram_retrieval.store import (
     ForeignIdError,
     MemoryStore,
@@ -118,6 +119,9 @@ def _rpc(
             except StoreError as exc:
                 log.error("store.unavailable", rpc=method, error=str(exc))
                 await abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
+            except (EmbedderUnavailable, EmbedderRequestError) as exc:
+                log.error("embedder.unavailable", rpc=method, error=str(exc))
+                await abort(grpc.StatusCode.UNAVAILABLE, "embedding model unavailable")
             except Exception as exc:
                 if _disk_full(exc):
                     # Callers retry UNAVAILABLE until space is freed (nothing dead-lettered).
@@ -227,7 +231,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     """engram.memory.v1.MemoryService over a :class:`MemoryStore`: validation and
     protobuf in and out; the search itself is :class:`SearchPipeline`."""
 
-    def __init__(self, store: MemoryStore, embedder: Embedder, pipeline: SearchPipeline) -> None:
+    def __init__(
+        self, store: MemoryStore, embedder: SentenceEncoder, pipeline: SearchPipeline
+    ) -> None:
         self.store = store
         self.embedder = embedder
         self.pipeline = pipeline

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from engram_core.settings import EngramSettings
 
 RERANKER_FILES = ("model.onnx", "tokenizer.json")
+EMBEDDER_FILES = RERANKER_FILES
 
 #: ``dynamic-int8``: the embedder runs a dynamically quantized copy of the packaged
 #: model; ``none``: the packaged graph as it is (engram_retrieval.embedder).
@@ -77,6 +78,13 @@ class RetrievalSettings(EngramSettings):
         description="Append a third-person rewrite to first-person queries ('my' → 'the "
         "user's'). Off: it measured no gain (docs/benchmarks.md).",
     )
+    search_category_expansion: bool = Field(
+        default=True,
+        description="Append the common members of a category a query names ('what pets "
+        "do I have?' → cat, dog, …; 'anything I can't eat?' → allergic, vegetarian, …), so "
+        "a question about a part of one's life recalls the memories that name its members "
+        "(docs/retrieval.md, 'Category questions').",
+    )
     reranker_max_length: int = Field(default=512, ge=16, le=4096)
     reranker_batch_size: int = Field(default=16, ge=1, le=1024)
 
@@ -105,6 +113,37 @@ class RetrievalSettings(EngramSettings):
         "Upsert; a repeated question) costs no model run; 0: none.",
     )
     embed_max_length: int = Field(default=256, ge=8, le=512)
+    embed_model_path: Path | None = Field(
+        default=None,
+        description="Directory with a bi-encoder's model.onnx and tokenizer.json (sentence "
+        "vector = attention-mask mean of the first output, L2-normalised) instead of the "
+        "packaged MiniLM. Unset: the packaged model.",
+    )
+    embed_url: str | None = Field(
+        default=None,
+        description="Base URL of an OpenAI-compatible embeddings API (…/v1; POST "
+        "<url>/embeddings): sentence vectors come from it, token vectors and BM25 stay "
+        "local (docs/retrieval.md, Embedders). Unset: a local ONNX model.",
+    )
+    embed_model: str = Field(
+        default="",
+        max_length=200,
+        description="The model name sent to ENGRAM_EMBED_URL; required with it.",
+    )
+    embed_api_key: SecretStr | None = Field(
+        default=None, description="Bearer key for ENGRAM_EMBED_URL (unset: none sent)."
+    )
+    embed_timeout_s: float = Field(
+        default=30.0, gt=0.0, le=600.0, description="Timeout of one request to ENGRAM_EMBED_URL."
+    )
+    embed_retry_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=600.0,
+        description="How long one embedding call to ENGRAM_EMBED_URL retries a transient "
+        "failure (refused connection, timeout, 429, 5xx) before the request fails with "
+        "UNAVAILABLE (callers retry that in turn).",
+    )
 
     search_top_k: int = Field(default=5, ge=1, le=100)
     search_recency_weight: float = Field(
@@ -116,6 +155,15 @@ class RetrievalSettings(EngramSettings):
         "among near-equal relevance (docs/retrieval.md, 'Recency').",
     )
     search_score_threshold: float = Field(default=0.35, ge=0.0, le=1.0)
+    search_personal_score_threshold: float = Field(
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description="Default relevance threshold of a question about the user ('I', "
+        "'my', 'we', 'our': 'what pets do I have?'), when the request sets none; other "
+        "questions get ENGRAM_SEARCH_SCORE_THRESHOLD. Calibrated on the paraphrase set "
+        "(docs/retrieval.md, 'Category questions').",
+    )
     search_mmr_lambda: float = Field(
         default=0.9,
         ge=0.0,
@@ -181,7 +229,16 @@ class RetrievalSettings(EngramSettings):
 
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 
-    @field_validator("qdrant_url", "qdrant_api_key", "qdrant_path", "reranker_path", mode="before")
+    @field_validator(
+        "qdrant_url",
+        "qdrant_api_key",
+        "qdrant_path",
+        "reranker_path",
+        "embed_model_path",
+        "embed_url",
+        "embed_api_key",
+        mode="before",
+    )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip() == "" else value
@@ -226,6 +283,35 @@ class RetrievalSettings(EngramSettings):
         if missing:
             raise ValueError(f"{value} lacks {', '.join(missing)}")
         return value
+
+    @field_validator("embed_url")
+    @classmethod
+    def _embed_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http(s):// URL (got {value!r})")
+        return value.rstrip("/")
+
+    @field_validator("embed_model_path")
+    @classmethod
+    def _embed_model_files(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        if not value.is_dir():
+            raise ValueError(f"{value} is not a directory")
+        missing = [name for name in EMBEDDER_FILES if not (value / name).is_file()]
+        if missing:
+            raise ValueError(f"{value} lacks {', '.join(missing)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_embedder(self) -> RetrievalSettings:
+        if self.embed_url and self.embed_model_path:
+            raise ValueError("set ENGRAM_EMBED_URL or ENGRAM_EMBED_MODEL_PATH, not both")
+        if self.embed_url and not self.embed_model.strip():
+            raise ValueError("ENGRAM_EMBED_URL needs ENGRAM_EMBED_MODEL (the model to ask for)")
+        return self
 
     @property
     def store_kind(self) -> str:

@@ -37,6 +37,20 @@ class StoreError(RuntimeError):
     """The store cannot be opened or used (bad path, incompatible collection...)."""
 
 
+class DimensionMismatchError(StoreError):
+    """The store holds vectors of another dimension than the embedder's: another model."""
+
+    def __init__(self, where: str, stored: int | str, produced: int) -> None:
+        super().__init__(
+            f"{where} holds {stored}-d vectors but the embedder produces {produced}-d ones "
+            "(another embedding model). `engram reembed` re-embeds in place only at the "
+            "same dimension: point ENGRAM_QDRANT_COLLECTION at a new collection and run "
+            "`engram rebuild` (from the mirror), or go back to the model that wrote it"
+        )
+        self.stored = stored
+        self.produced = produced
+
+
 class ForeignIdError(StoreError):
     """An upsert names point ids that belong to another tenant."""
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,13 @@ from qdrant_edge import (
 )
 
 from engram_retrieval.lexical import SPARSE_VECTOR
-from engram_retrieval.store.base import DENSE_VECTOR, PAYLOAD_INDEXES, TOKENS_VECTOR, StoreError
+from engram_retrieval.store.base import (
+    DENSE_VECTOR,
+    PAYLOAD_INDEXES,
+    TOKENS_VECTOR,
+    DimensionMismatchError,
+    StoreError,
+)
 
 DEFAULT_INDEX_THRESHOLD = 20_000
 
@@ -108,6 +115,8 @@ def open_shard(
             path.mkdir(parents=True, exist_ok=True)
             tokens = TOKEN_DATATYPES[0]
             shard = EdgeShard.create(str(path), edge_config(dim, index_threshold, tokens=tokens))
+    except StoreError:
+        raise
     except Exception as exc:  # the bindings raise plain Exception subclasses
         raise StoreError(f"cannot open the embedded Qdrant store at {path}: {exc}") from exc
     existing = shard.info().payload_schema
@@ -121,6 +130,14 @@ def open_shard(
             shard.update(UpdateOperation.delete_field_index(name))
         shard.update(UpdateOperation.create_field_index(name, schema))
     return shard, tokens
+
+
+#: How Qdrant names a vector of another size than the configuration's (dense and token
+#: vectors have the embedder's dimension; whichever it checks first is named).
+_DENSE_SIZE = re.compile(
+    rf'vector "(?:{DENSE_VECTOR}|{TOKENS_VECTOR})".*'
+    r"expected vector size (?P<produced>\d+), but got (?P<stored>\d+)"
+)
 
 
 def _load(
@@ -137,6 +154,11 @@ def _load(
                 "expected vector storage datatype" in str(exc)  # other token storage
                 or "vector storages with keys" in str(exc)  # a shard without tokens
             )
+            other_size = _DENSE_SIZE.search(str(exc))
+            if other_size:
+                raise DimensionMismatchError(
+                    f"the embedded store at {path}", int(other_size["stored"]), dim
+                ) from exc
             if tokens is None or not earlier_layout:
                 raise
     raise AssertionError("unreachable")

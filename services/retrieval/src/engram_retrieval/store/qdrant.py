@@ -20,6 +20,7 @@ from engram_retrieval.store.base import (
     DENSE_VECTOR,
     PAYLOAD_INDEXES,
     TOKENS_VECTOR,
+    DimensionMismatchError,
     ForeignIdError,
     Page,
     PageCursor,
@@ -299,11 +300,8 @@ async def _ensure_collection(
         vectors = info.config.params.vectors
         params = vectors.get(DENSE_VECTOR) if isinstance(vectors, dict) else None
         if params is None or params.size != dim:
-            found = params.size if params is not None else "none"
-            raise StoreError(
-                f"collection {collection!r} has dense vector size {found}, the embedder "
-                f"produces {dim}; use another ENGRAM_QDRANT_COLLECTION or re-embed"
-            )
+            found = params.size if params is not None else "no"
+            raise DimensionMismatchError(f"collection {collection!r}", found, dim)
         if SPARSE_VECTOR not in (info.config.params.sparse_vectors or {}):
             raise StoreError(
                 f"collection {collection!r} has no sparse vector {SPARSE_VECTOR!r}; "
