@@ -14,7 +14,9 @@ pass-through (chat bodies are re-serialised and decoded by the gateway). Never: 
 standard headers (``Cookie``, ``Origin``, ``Referer``, ``Forwarded``, ``If-*``,
 ``Range``, ``Sec-*``, hop-by-hop ones, ...), ``X-Forwarded-*``/``X-Real-IP`` (the
 gateway is the upstream's client), trace context (the gateway's own span is the parent
-upstream), ``X-Engram-*`` and the caller's ``Authorization`` (:meth:`Upstream._authorization`).
+upstream), ``X-Engram-*`` and the caller's ``Authorization`` (:meth:`Upstream._authorization`)
+and ``X-Api-Key`` (Anthropic's SDKs' credential: relayed only when Engram has no keys of
+its own and no upstream key is configured, as ``Authorization`` is).
 A value is sent as the bytes that arrived (RFC 9110 allows bytes 0x80-0xFF, so a UTF-8
 ``X-OpenWebUI-User-Name: José`` is relayed as it came, not refused nor re-encoded); a
 value with a control byte is dropped, never sent and never a 500.
