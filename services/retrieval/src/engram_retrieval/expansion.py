@@ -40,3 +40,86 @@ def expand_first_person(query: str) -> str:
     for pattern, replacement in _RULES:
         rewritten = pattern.sub(replacement, rewritten)
     return f"{query} {rewritten}"
+
+
+# -- categories of a person's life ----------------------------------------------------
+#
+# "What pets do I have?" shares no word with "User's cat is called Miso", and MiniLM puts
+# the two at cosine ≈ 0.2: a question about a category names the category, a memory names
+# its members. A question that names a category (a cue, as a whole word) gets the
+# category's common members appended, so the embedding and BM25 see them too. The cues
+# are the words people use for their own lives; the members are the words memories use.
+_CATEGORIES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("pet", "pets", "animal", "animals"),
+        "cat dog kitten puppy parrot hamster rabbit fish vet",
+    ),
+    (
+        ("eat", "diet", "dietary", "allergy", "allergies", "allergic", "food", "foods"),
+        "allergic vegetarian vegan dairy milk gluten peanuts meat",
+    ),
+    (
+        ("family", "relatives", "siblings", "kids", "children", "married", "partner"),
+        "wife husband daughter son sister brother mother father mom dad parents",
+    ),
+    (
+        ("work", "job", "career", "living", "profession", "colleagues"),
+        "works job engineer manager team company office promoted",
+    ),
+    (
+        ("hobby", "hobbies", "free time", "fun", "pastime", "pastimes"),
+        "plays playing learning reading runs guitar volunteers weekend",
+    ),
+    (
+        ("health", "medical", "conditions", "injury", "injuries", "illness"),
+        "hurting pain asthma allergic doctor sleeping knee",
+    ),
+    (
+        ("travel", "travelling", "traveling", "trip", "trips", "holiday", "holidays", "vacation"),
+        "flying visited visit flight abroad",
+    ),
+    (
+        ("home", "house", "apartment", "flat", "live", "neighbourhood", "neighborhood"),
+        "lives flat apartment floor balcony garden city",
+    ),
+    (
+        ("own", "belongings", "possessions", "things I have"),
+        "drives car bike phone bought",
+    ),
+    (
+        ("money", "finances", "financial", "savings", "budget"),
+        "saving save salary account deposit",
+    ),
+)
+_CUES = tuple(
+    (re.compile(r"\b(" + "|".join(re.escape(c) for c in cues) + r")\b", re.IGNORECASE), members)
+    for cues, members in _CATEGORIES
+)
+
+
+def category_members(query: str) -> list[str]:
+    """The member words of every category ``query`` names, in the table's order."""
+    return [members for cue, members in _CUES if cue.search(query)]
+
+
+def expand_categories(query: str) -> str:
+    """``query`` plus the members of the categories it names: ``"What pets do I have?"``
+    → ``"What pets do I have? cat dog kitten …"``."""
+    members = category_members(query)
+    return " ".join([query, *members]) if members else query
+
+
+# -- questions about the user ----------------------------------------------------------
+#
+# A person asking about their own life ("do I have kids?", "what's our budget?") is
+# asking memory, so the recall-or-nothing decision may be less strict for them than for
+# "what's the capital of Australia?". "me" alone is no cue: "tell me a joke" asks nothing
+# of memory.
+_ABOUT_THE_USER = re.compile(
+    r"\b(i|my|mine|myself|i'm|i've|i'd|i'll|we|our|ours|ourselves|we're|we've)\b",
+    re.IGNORECASE,
+)
+
+
+def is_about_the_user(query: str) -> bool:
+    return bool(_ABOUT_THE_USER.search(query))

@@ -80,10 +80,10 @@ class RetrievalSettings(EngramSettings):
     )
     search_category_expansion: bool = Field(
         default=True,
-        description="Append the common members of a category a query names ('what pets "
-        "do I have?' → cat, dog, …; 'anything I can't eat?' → allergic, vegetarian, …), so "
-        "a question about a part of one's life recalls the memories that name its members "
-        "(docs/retrieval.md, 'Category questions').",
+        description="To a question about the user, append the common members of a "
+        "category it names ('what pets do I have?' → cat, dog, …; 'anything I can't eat?' "
+        "→ allergic, vegetarian, …), so a question about a part of one's life recalls the "
+        "memories that name its members (docs/retrieval.md, 'Category questions').",
     )
     reranker_max_length: int = Field(default=512, ge=16, le=4096)
     reranker_batch_size: int = Field(default=16, ge=1, le=1024)
