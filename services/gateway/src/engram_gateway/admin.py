@@ -23,6 +23,7 @@ from nats.js.api import ConsumerInfo
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
+from engram_core.api_models import ErrorResponse
 from engram_core.dead_letters import (
     DeadLetterFilter,
     StoredDeadLetter,
@@ -33,7 +34,6 @@ from engram_core.events import STREAM_NAME
 from engram_core.logging import get_logger
 from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError
 from engram_gateway.keys import TENANT_PATTERN
-from engram_gateway.memory_models import ErrorResponse
 from engram_gateway.state import GatewayState, gateway_state
 from engram_gateway.tenancy import require_admin
 

@@ -14,9 +14,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from engram_core.api_models import ErrorResponse, UserId
 from engram_core.memory import ScopeList
-from engram_gateway.controls import UserId
-from engram_gateway.memory_models import ErrorResponse
 from engram_gateway.state import gateway_state
 from engram_gateway.tenancy import resolve_tenant
 

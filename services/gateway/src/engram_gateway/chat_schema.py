@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engram_gateway.controls import USER_ID_SCHEMA
-from engram_gateway.memory_models import ErrorResponse
+from engram_core.api_models import USER_ID_SCHEMA, ErrorResponse
 
 _FRACTION = {"type": "number", "minimum": 0, "maximum": 1}
 #: A conversation name: no separators, no control characters, not a dot-file.

@@ -15,20 +15,23 @@ than 256 characters or holding control characters is refused (400), never guesse
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
-    Field,
-    Strict,
     ValidationError,
-    WithJsonSchema,
 )
 
+from engram_core.api_models import (
+    ConversationId,
+    Fraction,
+    MaxTokens,
+    Switch,
+    TopK,
+    normalize_user_id,
+)
 from engram_core.memory import DEFAULT_CONVERSATION
 from engram_gateway.errors import GatewayError, bad_request
 from engram_gateway.settings import GatewaySettings
@@ -58,58 +61,6 @@ _HEADER_TYPES = {
     "memory_max_tokens": "integer",
 }
 _INTEGERS = ("memory_top_k", "memory_max_tokens")
-
-
-def _conversation_id(value: str) -> str:
-    # It names a directory in the Markdown mirror: no separators, dot-files or controls.
-    if any(ch in value for ch in "/\\") or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise ValueError("must not contain '/', '\\' or control characters")
-    if value.startswith("."):
-        raise ValueError("must not start with '.'")
-    return value
-
-
-ConversationId = Annotated[
-    str, Field(min_length=1, max_length=200), AfterValidator(_conversation_id)
-]
-# The memory knobs' types, for the chat's controls and the memory API's search alike:
-# strict, so "5", true or false are refused rather than read as 5, 1 or 0.
-TopK = Annotated[int, Strict(), Field(ge=1, le=100)]
-# Tokens of the memory message a chat may be given; 0: no budget (top_k hits).
-MaxTokens = Annotated[int, Strict(), Field(ge=0, le=100_000)]
-Fraction = Annotated[float, Strict(), Field(ge=0, le=1)]
-Switch = Annotated[bool, Strict()]
-
-MAX_USER_CHARS = 256
-
-
-def normalize_user_id(value: str) -> str:
-    """The one spelling of a user id: NFC, trimmed; ``""`` (no user) stays ``""``.
-
-    ``ValueError`` for a blank (whitespace-only) id, one over :data:`MAX_USER_CHARS`
-    characters, or one holding control characters."""
-    if not value:
-        return ""
-    if len(value) > 4 * MAX_USER_CHARS:  # before normalising: bounded work for any input
-        raise ValueError(f"must be at most {MAX_USER_CHARS} characters")
-    user = unicodedata.normalize("NFC", value).strip()
-    if not user:
-        raise ValueError("must not be blank: omit it, or send '' for no user")
-    if len(user) > MAX_USER_CHARS:
-        raise ValueError(f"must be at most {MAX_USER_CHARS} characters")
-    if any(unicodedata.category(ch) == "Cc" for ch in user):
-        raise ValueError("must not contain control characters")
-    return user
-
-
-#: What the OpenAPI schema says of a user id (the validator says the rest).
-USER_ID_SCHEMA: dict[str, Any] = {
-    "type": "string",
-    "maxLength": MAX_USER_CHARS,
-    "description": "A user id, compared after Unicode NFC and trimming; '' is no user, a "
-    "blank one is refused.",
-}
-UserId = Annotated[str, AfterValidator(normalize_user_id), WithJsonSchema(USER_ID_SCHEMA)]
 
 
 def _header_text(raw: str) -> str:

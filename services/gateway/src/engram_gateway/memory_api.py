@@ -43,6 +43,23 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+from engram_core.api_models import (
+    Accepted,
+    AddMemories,
+    CreatedMemory,
+    CreateMemory,
+    DeletedMemory,
+    ErrorResponse,
+    EventOut,
+    ListQuery,
+    MemoryHistory,
+    MemoryList,
+    MemoryOut,
+    SearchHit,
+    SearchMemories,
+    SearchResult,
+    UpdateMemory,
+)
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, utcnow
 from engram_core.locks import LockTimeout
@@ -66,23 +83,6 @@ from engram_core.retry import retry_transient
 from engram_gateway.bodies import check_text_size
 from engram_gateway.controls import MemoryControls
 from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayError, bad_request
-from engram_gateway.memory_models import (
-    Accepted,
-    AddMemories,
-    CreatedMemory,
-    CreateMemory,
-    DeletedMemory,
-    ErrorResponse,
-    EventOut,
-    ListQuery,
-    MemoryHistory,
-    MemoryList,
-    MemoryOut,
-    SearchHit,
-    SearchMemories,
-    SearchResult,
-    UpdateMemory,
-)
 from engram_gateway.recall import hit_json, search_query
 from engram_gateway.state import GatewayState, gateway_state, request_id
 from engram_gateway.tenancy import resolve_tenant
