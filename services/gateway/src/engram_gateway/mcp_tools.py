@@ -26,7 +26,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from engram_gateway.controls import UserId
+from engram_core.api_models import UserId
 from engram_gateway.ids import MemoryId, canonical_uuid
 
 SERVER_NAME = "engram"
