@@ -26,14 +26,13 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from faststream.nats import NatsBroker
 from pydantic import Field, SecretStr, model_validator
 
-from engram_core.bus import DEFAULT_DUPLICATE_WINDOW_S, ensure_stream, make_broker
 from engram_core.settings import ConfigError, EngramSettings, load_settings
 
 if TYPE_CHECKING:
     import httpx2
+    from faststream.nats import NatsBroker
 
 #: Every worker, in start order; each is its own process (``engram-<name>``) with its
 #: health port at ``health_port_base`` + its position.
@@ -126,12 +125,19 @@ async def connect_announcer(
     what: str,
     *,
     replicas: int = 1,
-    duplicate_window_s: float = DEFAULT_DUPLICATE_WINDOW_S,
+    duplicate_window_s: float | None = None,
     timeout_s: float = 5.0,
 ) -> NatsBroker:
     """A connected broker (and the checked ENGRAM stream) for commands that write
     memories themselves and must announce them, so the mirror keeps them; a clear error
-    when NATS is not there. Announce with ``ENGRAM_PUBLISH_RETRY_S`` (``retry_s``)."""
+    when NATS is not there. Announce with ``ENGRAM_PUBLISH_RETRY_S`` (``retry_s``).
+    ``duplicate_window_s``: the stream's (default: the bus's own)."""
+    # Imported here: the messaging stack costs most of a second, and commands that only
+    # read (status, search) must start fast.
+    from engram_core.bus import DEFAULT_DUPLICATE_WINDOW_S, ensure_stream, make_broker
+
+    if duplicate_window_s is None:
+        duplicate_window_s = DEFAULT_DUPLICATE_WINDOW_S
     broker = make_broker(nats_url, client_name="engram-cli")
     try:
         await asyncio.wait_for(ensure_stream(nats_url, replicas, duplicate_window_s), timeout_s)

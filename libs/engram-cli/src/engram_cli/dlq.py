@@ -27,7 +27,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from engram_cli.cli_common import CommandError, add_nats_flag, cli_settings
-from engram_core.bus import admin_connection
 from engram_core.dead_letters import (
     DeadLetterFilter,
     ReplayOutcome,
@@ -38,6 +37,7 @@ from engram_core.dead_letters import (
     replay_dead_letter,
 )
 from engram_core.events import utcnow
+from engram_core.nats_admin import admin_connection
 from engram_core.settings import parse_nats_urls
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")

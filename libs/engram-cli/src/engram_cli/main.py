@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -129,7 +131,8 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     return mcp_command(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or ``up``, ``scripted-llm`` and the command ``only``."""
     parser = argparse.ArgumentParser(
         prog="engram", description="Engram: persistent memory for OpenAI-compatible LLMs."
     )
@@ -170,42 +173,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     scripted.set_defaults(func=_cmd_scripted_llm)
 
-    from engram_cli.bench import add_bench_parser
-
-    add_bench_parser(commands, _cmd_bench)
-
-    from engram_cli.rebuild import add_rebuild_parser
-
-    add_rebuild_parser(commands, _cmd_rebuild)
-
-    from engram_cli.dlq import add_dlq_parser
-    from engram_cli.exporter import add_export_parser
-    from engram_cli.importer import add_import_parser
-    from engram_cli.mcp_cmd import add_mcp_parser
-    from engram_cli.migrate import add_migrate_parser
-    from engram_cli.reembed import add_reembed_parser
-    from engram_cli.reextract import add_reextract_parser
-    from engram_cli.search_cmd import add_search_parser
-    from engram_cli.status import add_status_parser
-
-    add_import_parser(commands, _cmd_import)
-    add_export_parser(commands, _cmd_export)
-    add_search_parser(commands, _cmd_search)
-    add_reembed_parser(commands, _cmd_reembed)
-    add_reextract_parser(commands, _cmd_reextract)
-    add_migrate_parser(commands, _cmd_migrate)
-    add_status_parser(commands, _cmd_status)
-    add_mcp_parser(commands, _cmd_mcp)
-    add_dlq_parser(commands, _cmd_dlq)
-
-    from engram_cli.embeddings_server import add_serve_embeddings_parser
-
-    add_serve_embeddings_parser(commands, _cmd_serve_embeddings)
+    for name, (module, add_parser, handler) in _COMMANDS.items():
+        if only in (None, name):
+            getattr(importlib.import_module(module), add_parser)(commands, handler)
     return parser
 
 
+#: command -> (module, the function that adds its parser, its handler). A command's module
+#: is imported only when that command runs (or for the full help): each pulls in its own
+#: stack (gRPC, NATS, the benchmarks' numpy), and a command must start in well under 1 s.
+_COMMANDS: dict[str, tuple[str, str, Callable[[argparse.Namespace], int]]] = {
+    "bench": ("engram_cli.bench", "add_bench_parser", _cmd_bench),
+    "rebuild": ("engram_cli.rebuild", "add_rebuild_parser", _cmd_rebuild),
+    "import": ("engram_cli.importer", "add_import_parser", _cmd_import),
+    "export": ("engram_cli.exporter", "add_export_parser", _cmd_export),
+    "search": ("engram_cli.search_cmd", "add_search_parser", _cmd_search),
+    "reembed": ("engram_cli.reembed", "add_reembed_parser", _cmd_reembed),
+    "reextract": ("engram_cli.reextract", "add_reextract_parser", _cmd_reextract),
+    "migrate": ("engram_cli.migrate", "add_migrate_parser", _cmd_migrate),
+    "status": ("engram_cli.status", "add_status_parser", _cmd_status),
+    "mcp": ("engram_cli.mcp_cmd", "add_mcp_parser", _cmd_mcp),
+    "dlq": ("engram_cli.dlq", "add_dlq_parser", _cmd_dlq),
+    "serve-embeddings": (
+        "engram_cli.embeddings_server",
+        "add_serve_embeddings_parser",
+        _cmd_serve_embeddings,
+    ),
+}
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The command ``argv`` runs, when it is one of :data:`_COMMANDS` (else None)."""
+    first = next((arg for arg in argv if not arg.startswith("-")), None)
+    return first if first in _COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_in(argv)).parse_args(argv)
     return int(args.func(args))
 
 

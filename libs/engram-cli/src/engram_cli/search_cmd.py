@@ -22,9 +22,6 @@ from engram_cli.cli_common import (
     auth_headers,
     cli_settings,
 )
-from engram_core.memory import SearchQuery
-from engram_core.memory_port import MemoryPort, RetrievalError
-from engram_core.retrieval_client import RetrievalClient
 
 
 def add_search_parser(
@@ -72,6 +69,11 @@ async def search_http(settings: CliSettings, args: argparse.Namespace) -> dict[s
 
 
 async def search_grpc(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:
+    # gRPC and the generated stubs cost most of a second to import: only --via grpc pays.
+    from engram_core.memory import SearchQuery
+    from engram_core.memory_port import MemoryPort, RetrievalError
+    from engram_core.retrieval_client import RetrievalClient
+
     query = SearchQuery(
         tenant=args.tenant,
         text=args.query,

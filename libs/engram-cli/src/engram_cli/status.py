@@ -39,10 +39,10 @@ from engram_cli.cli_common import (
 )
 from engram_cli.console import print_table
 from engram_cli.nats_server import port_is_open
-from engram_core.bus import admin_connection
 from engram_core.events import STREAM_NAME
 from engram_core.memory import MemoryFilter
 from engram_core.memory_port import MemoryPort, RetrievalError
+from engram_core.nats_admin import admin_connection
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import parse_nats_urls
 

@@ -25,7 +25,6 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import TypeVar
 
-import nats
 from faststream.nats import NatsBroker, PubAck, StorageType, StreamConfig
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -37,12 +36,12 @@ from engram_core import metrics, semconv
 from engram_core.events import STREAM_NAME, STREAM_SUBJECTS, Event, MemoryChanged
 from engram_core.logging import get_logger
 from engram_core.messaging_telemetry import NatsTracingMiddleware
+from engram_core.nats_admin import CONNECT_TIMEOUT_S, admin_connection
 from engram_core.retry import PUBLISH_TIMEOUT_S, RetryPolicy, retry_transient
 from engram_core.settings import parse_nats_urls
 
 __all__ = ["PUBLISH_TIMEOUT_S", "StreamConfigConflict", "ensure_stream", "publish_event"]
 
-CONNECT_TIMEOUT_S = 5
 T = TypeVar("T")
 DEFAULT_DUPLICATE_WINDOW_S = RetryPolicy().duplicate_window_s
 
@@ -163,32 +162,6 @@ async def connect_for_service(nats_url: str) -> Client:
     nc.options["max_reconnect_attempts"] = -1
     nc.options["reconnect_time_wait"] = 1.0
     return nc
-
-
-@asynccontextmanager
-async def admin_connection(nats_url: str) -> AsyncIterator[Client]:
-    """A short-lived connection for declarations and admin commands that fails fast:
-    each server of the list is tried (twice) and then the connect gives up.
-
-    nats-py retries an initial connect forever when ``max_reconnect_attempts`` is 0;
-    1 makes it drop a server after its second failed attempt.
-    """
-
-    async def quiet(_: Exception) -> None:  # the caller reports the outcome
-        return None
-
-    nc = await nats.connect(
-        servers=nats_servers(nats_url),
-        connect_timeout=CONNECT_TIMEOUT_S,
-        max_reconnect_attempts=1,
-        reconnect_time_wait=0.2,
-        allow_reconnect=False,
-        error_cb=quiet,
-    )
-    try:
-        yield nc
-    finally:
-        await nc.close()
 
 
 def _stream_problems(have: StreamConfig, wanted: StreamConfig) -> list[str]:
