@@ -21,6 +21,14 @@ the scripted upstream in a process of its own (:mod:`engram_cli.bench_load`):
    (:mod:`engram_core.profiling`, paused once the stack is up); a shorter pipeline run is
    sampled, and each process's folded stacks and hottest functions are saved.
 
+With ``--api chat,responses,messages`` (any of ``chat``, ``responses``, ``messages``,
+``ollama``), the latency phase measures every API in the same phases, the APIs taking
+turns chat by chat (each at ``--rate``), each API's bodies sent to its own route (and,
+``direct``, to the scripted upstream's same route): what each API's adapter adds before
+the upstream is comparable, on one machine under one load. ``latency_by_api`` holds
+them and the report prints their ``pre-upstream`` percentiles side by side. The other
+phases use the first API.
+
 CPU per chat or turn: each process's kernel counters read before a phase and after the
 write path drained, divided by the phase's chats (or turns). The load average is
 recorded per phase, so a run on a busy machine says so.
@@ -36,7 +44,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +55,7 @@ import nats
 from engram_cli.bench_load import (
     MODES,
     Backlog,
+    ChatSample,
     Chatter,
     CpuMeter,
     RpcCalls,
@@ -84,6 +93,43 @@ class OverheadConfig:
     pipeline_turns: int = 2000
     profile: bool = True
     profile_turns: int = 600
+    apis: tuple[str, ...] = ("chat",)
+
+
+#: An API's route on the gateway and on the upstream (below ``/v1``, or the root).
+API_PATHS = {
+    "chat": ("/v1/chat/completions", "/chat/completions"),
+    "responses": ("/v1/responses", "/responses"),
+    "messages": ("/v1/messages", "/messages"),
+    "ollama": ("/api/chat", "/../api/chat"),
+}
+
+
+class ApiChatter(Chatter):
+    """:class:`Chatter`'s chats in another API's body (the same history and facts)."""
+
+    def __init__(
+        self, api: str, http: httpx2.AsyncClient, *, gateway: str, upstream: str, **kw: Any
+    ) -> None:
+        super().__init__(http, gateway=gateway, upstream=upstream, **kw)
+        on_gateway, on_upstream = API_PATHS[api]
+        direct = (
+            upstream.removesuffix("/v1") + on_upstream.removeprefix("/..")
+            if api == "ollama"
+            else upstream + on_upstream
+        )
+        self.urls = {"direct": direct, "off": gateway + on_gateway, "on": gateway + on_gateway}
+        self.api = api
+
+    def body(self, mode: str) -> dict[str, Any]:
+        body = super().body(mode)
+        if self.api == "responses":
+            body["input"] = body.pop("messages")
+        elif self.api == "messages":
+            body["max_tokens"] = 256
+        elif self.api == "ollama":
+            body["stream"] = False
+        return body
 
 
 def _ratio(phase: dict[str, Any], baseline: dict[str, Any]) -> float:
@@ -124,32 +170,39 @@ class Run:
             if name != "bench client"
         }
 
-    async def warm_up(self) -> None:
+    async def warm_up(self, chatter: Chatter | None = None) -> None:
         for mode in MODES:
-            send = functools.partial(self.chatter.send, mode)
+            send = functools.partial((chatter or self.chatter).send, mode)
             await at_rate(send, 20, WARM_UP_CHATS / 20, "warm-up")
         await self.backlog.wait_drained()
 
-    async def latency(self) -> dict[str, Any]:
-        phases: dict[str, Any] = {}
+    async def latency(self, chatters: dict[str, Chatter]) -> dict[str, dict[str, Any]]:
+        """Per API, per mode. The APIs take turns chat by chat within each mode's phase
+        (each at ``--rate``), so every API is measured under the same load."""
+        by_api: dict[str, dict[str, Any]] = {api: {} for api in chatters}
+        order = list(chatters)
         for mode in MODES:
             before, load = self.meter.read(), _load()
+            sent: list[str] = []
             samples = await at_rate(
-                functools.partial(self.chatter.send, mode),
-                self.cfg.rate,
+                _taking_turns(chatters, mode, sent),
+                self.cfg.rate * len(order),
                 self.cfg.seconds,
-                f"{mode} at {self.cfg.rate:g}/s",
+                f"{mode} at {self.cfg.rate:g}/s x {len(order)} APIs",
             )
             drained_s = await self.backlog.wait_drained()
             self.stack.check_alive()
-            phases[mode] = {
-                **latency_summary(samples),
-                "cpu_ms_per_chat": CpuMeter.per_unit(before, self.meter.read(), len(samples)),
-                "drained_after_s": round(drained_s, 2),
-                "load_avg_1m": load,
-                "samples_ms": sorted(s.latency_ms for s in samples if s.status == 200),
-            }
-        return phases
+            cpu = CpuMeter.per_unit(before, self.meter.read(), len(samples))
+            for api in order:
+                mine = [s for s, a in zip(samples, sent, strict=True) if a == api]
+                by_api[api][mode] = {
+                    **latency_summary(mine),
+                    "cpu_ms_per_chat": cpu,
+                    "drained_after_s": round(drained_s, 2),
+                    "load_avg_1m": load,
+                    "samples_ms": sorted(s.latency_ms for s in mine if s.status == 200),
+                }
+        return by_api
 
     async def _closed_loop(self, mode: str, drain: bool) -> dict[str, Any]:
         """``--clients`` closed-loop clients for ``--seconds``; CPU per chat read after
@@ -249,20 +302,28 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
         limits = httpx2.Limits(max_connections=256, max_keepalive_connections=256)
         try:
             async with httpx2.AsyncClient(timeout=120, limits=limits) as http:
-                chatter = Chatter(
-                    http,
-                    gateway=stack.settings.local_gateway_url,
-                    upstream=upstream_url,
-                    conversations=cfg.conversations,
-                    history=cfg.history,
-                )
+                chatters: dict[str, Chatter] = {
+                    api: ApiChatter(
+                        api,
+                        http,
+                        gateway=stack.settings.local_gateway_url,
+                        upstream=upstream_url,
+                        conversations=cfg.conversations,
+                        history=cfg.history,
+                    )
+                    for api in cfg.apis
+                }
+                chatter = chatters[cfg.apis[0]]
                 meter = CpuMeter(stack_pids(stack, upstream_pid))
                 rpc_calls = RpcCalls(http, _metrics_urls(stack))
                 backlog = Backlog(nc.jetstream(), WORKERS)
                 run = Run(cfg, stack, chatter, meter, backlog, rpc_calls)
                 results["idle_cpu_ms_per_s"] = await run.idle()
-                await run.warm_up()
-                results["latency"] = await run.latency()
+                for each in chatters.values():
+                    await run.warm_up(each)
+                by_api = await run.latency(chatters)
+                results["latency"] = by_api[cfg.apis[0]]
+                results["latency_by_api"] = by_api
                 results["throughput"] = await run.throughput()
                 results["pipeline"] = await run.pipeline(cfg.pipeline_turns, first=0)
                 if cfg.profile:
@@ -276,6 +337,21 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
             await nc.close()
     results["load_avg_1m_at_end"] = _load()
     return results
+
+
+def _taking_turns(
+    chatters: dict[str, Chatter], mode: str, sent: list[str]
+) -> Callable[[], Coroutine[Any, Any, ChatSample]]:
+    """A send that goes to each API in turn, noting in ``sent`` which one each chat was
+    (when the chat is created, so in the order the samples come back)."""
+    order = list(chatters)
+
+    def send() -> Coroutine[Any, Any, ChatSample]:
+        api = order[len(sent) % len(order)]
+        sent.append(api)
+        return chatters[api].send(mode)
+
+    return send
 
 
 def _metrics_urls(stack: Stack) -> dict[str, str]:
@@ -298,7 +374,15 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
         pipeline_turns=args.pipeline_turns,
         profile=args.profile,
         profile_turns=args.profile_turns,
+        apis=tuple(api.strip() for api in args.api.split(",") if api.strip()),
     )
+    unknown = [api for api in cfg.apis if api not in API_PATHS]
+    if unknown or not cfg.apis:
+        print(
+            f"engram bench overhead: --api takes {', '.join(API_PATHS)} (got {args.api!r})",
+            file=sys.stderr,
+        )
+        return 2
     numbers = (cfg.rate, cfg.seconds, cfg.clients, cfg.conversations, cfg.pipeline_rate)
     if min(numbers) <= 0 or cfg.pipeline_turns <= 0 or cfg.profile_turns <= 0 or cfg.history < 0:
         print("engram bench overhead: rates, counts and durations must be > 0", file=sys.stderr)
@@ -308,6 +392,7 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
     results = asyncio.run(bench_overhead(cfg, out))
     results["targets"] = targets(results)
     print_report(results)
+    print_api_latency(results["latency_by_api"])
     results["config"] = asdict(cfg)
     results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     plot_overhead(results, out / "overhead.png")
@@ -318,9 +403,25 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
     return 0 if not failed and pipeline["indexed"] == pipeline["turns"] else 1
 
 
+def print_api_latency(by_api: dict[str, Any]) -> None:
+    """Each API's pre-upstream time (memory on) and added latency (on minus off)."""
+    print("\npre-upstream, memory on (ms)      p50      p95      p99   added p50 (on-off)")
+    for api, phases in by_api.items():
+        pre = phases["on"].get("pre-upstream_ms", {})
+        on, off = phases["on"].get("latency_ms", {}), phases["off"].get("latency_ms", {})
+        added = on.get("p50", 0.0) - off.get("p50", 0.0)
+        print(
+            f"  {api:<30} {pre.get('p50', 0):8.2f} {pre.get('p95', 0):8.2f} "
+            f"{pre.get('p99', 0):8.2f} {added:11.2f}"
+        )
+
+
 def _without_samples(results: dict[str, Any]) -> dict[str, Any]:
     """results.json keeps the summaries; the raw samples only feed the plot."""
     slim: dict[str, Any] = json.loads(json.dumps(results))
+    for phases in slim.get("latency_by_api", {}).values():
+        for phase in phases.values():
+            phase.pop("samples_ms", None)
     for phase in slim["latency"].values():
         phase.pop("samples_ms", None)
     slim["pipeline"].pop("lag_samples_ms", None)
@@ -347,5 +448,11 @@ def add_overhead_parser(
         "--no-profile", dest="profile", action="store_false", help="skip the profile phase"
     )
     bench.add_argument("--profile-turns", type=int, default=600, help="turns sampled")
+    bench.add_argument(
+        "--api",
+        default="chat",
+        help="comma-separated APIs whose latency is measured in this run: chat, responses, "
+        "messages, ollama (the other phases use the first)",
+    )
     bench.add_argument("--out", default="bench-results/overhead", help="output directory")
     bench.set_defaults(func=handler, run=_cmd_overhead)
