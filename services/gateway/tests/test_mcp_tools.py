@@ -81,12 +81,17 @@ async def _documented(client: Client) -> None:
 @asynccontextmanager
 async def recording() -> AsyncIterator[tuple[Client, list[str]]]:
     """The SDK client of a server whose gateway answers every call with an empty memory
-    and records the paths it was asked for."""
+    (or history, or list) and records the paths it was asked for."""
     paths: list[str] = []
 
     def answer(request: httpx2.Request) -> httpx2.Response:
-        paths.append(request.url.raw_path.decode())
-        return httpx2.Response(200, json={"id": "m", "text": "", "data": []})
+        path = request.url.raw_path.decode()
+        paths.append(path)
+        if path.endswith("/history"):
+            return httpx2.Response(200, json={"id": "m", "data": []})
+        if path.startswith("/v1/memories/"):
+            return httpx2.Response(200, json={"id": "m", "kind": "fact", "text": ""})
+        return httpx2.Response(200, json={"data": [], "has_more": False, "next_cursor": None})
 
     transport = httpx2.MockTransport(answer)
     async with (

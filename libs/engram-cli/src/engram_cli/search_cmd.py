@@ -1,5 +1,6 @@
 """``engram search "…"``: what a chat would recall, with scores, through the gateway's
-``POST /v1/memories/search`` (default) or retrieval's ``Search`` (``--via grpc``)."""
+``POST /v1/memories/search`` with the Python client (default) or retrieval's ``Search``
+(``--via grpc``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,13 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, TextIO
 
-import httpx2
+from pydantic import ValidationError
 
 from engram_cli.cli_common import (
     CliSettings,
     CommandError,
     add_gateway_flags,
     add_retrieval_flag,
-    api_error,
-    auth_headers,
     cli_settings,
 )
 
@@ -47,25 +46,24 @@ def add_search_parser(
 
 
 async def search_http(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "query": args.query,
-        "user": args.user,
-        "conversation": args.conversation,
-    }
-    if args.top_k is not None:
-        body["memory_top_k"] = args.top_k
-    if args.threshold is not None:
-        body["memory_score_threshold"] = args.threshold
-    url = settings.gateway_url.rstrip("/")
-    async with httpx2.AsyncClient(base_url=url, headers=auth_headers(settings), timeout=30) as http:
+    from engram_client import AsyncEngramClient, EngramError
+
+    key = settings.api_key.get_secret_value() if settings.api_key else None
+    async with AsyncEngramClient(settings.gateway_url, key) as engram:
         try:
-            response = await http.post("/v1/memories/search", json=body)
-        except httpx2.HTTPError as exc:
-            raise CommandError(f"gateway at {url} unreachable: {exc}") from None
-    if response.status_code != 200:
-        raise CommandError(api_error(response))
-    result: dict[str, Any] = response.json()
-    return result
+            found = await engram.search(
+                args.query,
+                user=args.user,
+                conversation=args.conversation,
+                top_k=args.top_k,
+                score_threshold=args.threshold,
+            )
+        except EngramError as exc:
+            status = f"{exc.status} {exc.code or exc.type}: " if exc.status else ""
+            raise CommandError(f"{status}{exc.message}") from None
+        except ValidationError as exc:  # refused by the API's own model, before any call
+            raise CommandError(str(exc)) from None
+    return found.model_dump(mode="json")
 
 
 async def search_grpc(settings: CliSettings, args: argparse.Namespace) -> dict[str, Any]:

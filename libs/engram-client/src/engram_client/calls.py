@@ -136,21 +136,24 @@ def list_query(
     kinds: Sequence[MemoryKindName],
     tags: Sequence[str],
     include_superseded: bool,
-    created_after: datetime | None,
-    created_before: datetime | None,
+    created_after: datetime | str | None,
+    created_before: datetime | str | None,
     limit: int,
     cursor: str | None = None,
 ) -> ListQuery:
-    return ListQuery(
-        user=user,
-        conversation=conversation,
-        kind=list(kinds),
-        tag=list(tags),
-        include_superseded=include_superseded,
-        created_after=created_after,
-        created_before=created_before,
-        limit=limit,
-        cursor=cursor,
+    # ListQuery parses an ISO 8601 string as the API would
+    return ListQuery.model_validate(
+        {
+            "user": user,
+            "conversation": conversation,
+            "kind": list(kinds),
+            "tag": list(tags),
+            "include_superseded": include_superseded,
+            "created_after": created_after,
+            "created_before": created_before,
+            "limit": limit,
+            "cursor": cursor,
+        }
     )
 
 

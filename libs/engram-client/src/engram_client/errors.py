@@ -5,7 +5,7 @@ never on message text."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -81,7 +81,12 @@ class ServiceUnavailable(EngramError):
 
 
 class EventTimeout(EngramError):
-    """An added text was still being learned when the wait ran out (it goes on)."""
+    """An added text was still being learned when the wait ran out (it goes on);
+    :attr:`events` are the statuses last read."""
+
+    def __init__(self, message: str, events: Sequence[Any]) -> None:
+        super().__init__(message, status=0, code="event_timeout")
+        self.events = list(events)
 
 
 _BY_STATUS: dict[int, type[EngramError]] = {

@@ -56,6 +56,15 @@ class EngramClient:
         )
         self._extra_headers: dict[str, str] = {}
 
+    @classmethod
+    def over(cls, http: httpx2.Client) -> EngramClient:
+        """A client that sends through ``http`` as it is configured (its base URL, headers,
+        transport: e.g. the gateway's own app in-process); the caller keeps owning it."""
+        client = object.__new__(cls)
+        client._connection = Connection(str(http.base_url), None, None)
+        client._http, client._extra_headers = http, {}
+        return client
+
     def with_headers(self, headers: Mapping[str, str]) -> EngramClient:
         """A client sharing this one's connections that also sends ``headers`` (e.g. a
         caller's own ``Authorization``); closing it closes this one too."""
@@ -121,8 +130,8 @@ class EngramClient:
         kinds: Sequence[MemoryKindName] = (),
         tags: Sequence[str] = (),
         include_superseded: bool = False,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> MemoryList:
@@ -148,8 +157,8 @@ class EngramClient:
         kinds: Sequence[MemoryKindName] = (),
         tags: Sequence[str] = (),
         include_superseded: bool = False,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
+        created_after: datetime | str | None = None,
+        created_before: datetime | str | None = None,
         page_size: int = 100,
     ) -> Iterator[MemoryOut]:
         """Every memory that matches, newest first, fetched a page at a time as the
@@ -252,7 +261,7 @@ class EngramClient:
             if calls.settled(events):
                 return events
             if time.monotonic() >= deadline:
-                raise EventTimeout(calls.still_pending(events, timeout_s), status=0)
+                raise EventTimeout(calls.still_pending(events, timeout_s), events)
             time.sleep(poll_s)
 
     def add_and_wait(

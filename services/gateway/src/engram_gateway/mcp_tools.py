@@ -1,5 +1,6 @@
 """The Engram MCP server: memory tools and resources for agents, as a thin adapter over
-the gateway's public HTTP memory API (docs/api.md) and nothing else.
+the gateway's public HTTP memory API (docs/api.md) through the Python client
+(engram_client, the one client the CLI uses too) and nothing else.
 
 One implementation, two transports. The gateway serves it at ``/mcp`` (streamable
 HTTP; :mod:`engram_gateway.mcp_http`), where each tool calls the gateway's own API
@@ -13,9 +14,8 @@ another path) and a user id is normalised as the API does (engram_gateway.contro
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Annotated, Any, Literal
@@ -24,10 +24,11 @@ import httpx2
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field, ValidationError
 
+from engram_client import AsyncEngramClient, EngramError, EventOut, EventTimeout
 from engram_core.api_models import UserId
-from engram_gateway.ids import MemoryId, canonical_uuid
+from engram_gateway.ids import MemoryId
 
 SERVER_NAME = "engram"
 INSTRUCTIONS = (
@@ -76,18 +77,10 @@ TagsArg = Annotated[
 ]
 
 
-class GatewayCallError(Exception):
-    """The gateway answered with an error (or could not be reached)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{message} ({status} {code})")
-        self.status = status
-        self.code = code
-
-
 @dataclass
 class GatewayApi:
-    """Calls the gateway's HTTP API through ``client`` (based at the gateway's root).
+    """Calls the gateway's HTTP API through ``client`` (based at the gateway's root) with
+    the Python client.
 
     ``forward_authorization``: send the MCP request's own ``Authorization`` with each
     call (the gateway's ``/mcp``, where the client is in-process); otherwise the
@@ -97,37 +90,17 @@ class GatewayApi:
     client: httpx2.AsyncClient
     forward_authorization: bool = False
 
-    async def call(
-        self,
-        ctx: Context | None,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, Any] | None = None,
-        body: Any = None,
-    ) -> Any:
-        headers = self._headers(ctx)
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        try:
-            response = await self.client.request(
-                method, path, params=query, json=body, headers=headers
-            )
-        except httpx2.HTTPError as exc:
-            raise GatewayCallError(
-                503,
-                "gateway_unreachable",
-                f"cannot reach the Engram gateway at {self.client.base_url}: {type(exc).__name__}",
-            ) from None
-        if response.is_success:
-            return response.json()
-        raise _api_error(response)
+    def __post_init__(self) -> None:
+        self._engram = AsyncEngramClient.over(self.client)
 
-    def _headers(self, ctx: Context | None) -> dict[str, str]:
+    def engram(self, ctx: Context | None) -> AsyncEngramClient:
+        """The client for one tool call: with the caller's ``Authorization`` when
+        forwarding it."""
         if not self.forward_authorization or ctx is None:
-            return {}
+            return self._engram
         incoming = _request_headers(ctx)
         authorization = incoming.get("authorization") if incoming else None
-        return {"Authorization": authorization} if authorization else {}
+        return self._engram.with_headers({"Authorization": authorization} if authorization else {})
 
 
 def _request_headers(ctx: Context) -> Mapping[str, str] | None:
@@ -137,16 +110,9 @@ def _request_headers(ctx: Context) -> Mapping[str, str] | None:
         return None
 
 
-def _api_error(response: httpx2.Response) -> GatewayCallError:
-    try:
-        error = response.json()["error"]
-        return GatewayCallError(response.status_code, error.get("code") or "", error["message"])
-    except (ValueError, KeyError, TypeError):
-        return GatewayCallError(response.status_code, "http_error", response.text[:200])
-
-
-def _tool_error(exc: GatewayCallError) -> ToolError:
-    return ToolError(str(exc))
+def _json(model: BaseModel) -> dict[str, Any]:
+    """An answer as the API sent it (the fields it set, nothing the client added)."""
+    return model.model_dump(mode="json", exclude_unset=True)
 
 
 def build_mcp_server(api: GatewayApi) -> MCPServer:
@@ -194,10 +160,11 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
         recency, total, mmr), the conversation's rolling `summary` and the user's
         `profile`. `outcome` says why there are few or no hits (`nothing_relevant`,
         `empty`)."""
-        body: dict[str, Any] = {"query": query, "user": user, "conversation": conversation}
-        if top_k is not None:
-            body["memory_top_k"] = top_k
-        return await _call(api, ctx, "POST", "/v1/memories/search", body=body)
+        async with _tool_call():
+            found = await api.engram(ctx).search(
+                query, user=user, conversation=conversation, top_k=top_k
+            )
+        return _json(found)
 
     @server.tool(annotations=read_only)
     async def list_memories(
@@ -241,18 +208,19 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
         structured entry about the user), `summary` (a conversation's rolling summary),
         `episode` (a summary of a stretch of turns). Returns `data` (memories),
         `has_more` and `next_cursor`."""
-        params = {
-            "user": user,
-            "conversation": conversation,
-            "kind": kinds,
-            "tag": tags,
-            "created_after": created_after,
-            "created_before": created_before,
-            "include_superseded": "true" if include_superseded else None,
-            "limit": limit,
-            "cursor": cursor,
-        }
-        return await _call(api, ctx, "GET", "/v1/memories", params=params)
+        async with _tool_call():
+            page = await api.engram(ctx).list_page(
+                user=user,
+                conversation=conversation,
+                kinds=kinds or (),
+                tags=tags or (),
+                created_after=created_after,
+                created_before=created_before,
+                include_superseded=include_superseded,
+                limit=limit,
+                cursor=cursor,
+            )
+        return _json(page)
 
     @server.tool(annotations=read_only)
     async def get_memory(
@@ -269,10 +237,11 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
         """One memory by id: its text, kind, scope (`user_id`, `conversation_id`), tags,
         timestamps, the turns it came from (`source_turn_ids`, which are memory ids too)
         and `superseded_by` when a newer memory replaced it."""
-        memory: dict[str, Any] = await _call(api, ctx, "GET", f"/v1/memories/{memory_id}")
-        if include_history:
-            history = await _call(api, ctx, "GET", f"/v1/memories/{memory_id}/history")
-            memory["history"] = history["data"]
+        engram = api.engram(ctx)
+        async with _tool_call():
+            memory = _json(await engram.get(memory_id))
+            if include_history:
+                memory["history"] = _json(await engram.history(memory_id))["data"]
         return memory
 
     @server.tool(annotations=read_only)
@@ -280,24 +249,30 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
         """What Engram knows about the user as structured profile entries (identity,
         preference, constraint, instruction): `entries`, each with `category`, `key`,
         `value`, `confidence` and `importance`, one active value per key."""
-        return await _profile(api, ctx, user)
+        async with _tool_call():
+            return await _profile(api, ctx, user)
 
 
 async def _profile(api: GatewayApi, ctx: Context | None, user: str) -> dict[str, Any]:
-    params = {"user": user, "kind": ["profile"], "limit": PROFILE_PAGE}
-    listed = await api.call(ctx, "GET", "/v1/memories", params=params)
+    page = await api.engram(ctx).list_page(user=user, kinds=["profile"], limit=PROFILE_PAGE)
     entries = [
-        {"id": m["id"], **(m.get("profile") or {"value": m["text"]}), "updated_at": m["updated_at"]}
-        for m in listed["data"]
+        {
+            "id": m.id,
+            **(m.profile.model_dump(mode="json") if m.profile else {"value": m.text}),
+            "updated_at": m.updated_at.isoformat() if m.updated_at else None,
+        }
+        for m in page.data
     ]
     return {"object": "profile", "user": user, "entries": entries}
 
 
-async def _call(api: GatewayApi, ctx: Context, method: str, path: str, **kwargs: Any) -> Any:
+@asynccontextmanager
+async def _tool_call() -> AsyncIterator[None]:
+    """An API error, or an argument the API's models refuse, as the tool's error."""
     try:
-        return await api.call(ctx, method, path, **kwargs)
-    except GatewayCallError as exc:
-        raise _tool_error(exc) from None
+        yield
+    except (EngramError, ValidationError) as exc:
+        raise ToolError(str(exc)) from None
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -331,10 +306,16 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         old fact, which is kept as history). Asynchronous: returns each event's `status`
         (`pending`, then `applied` once the facts are searchable, or `skipped` with a
         `reason` when nothing was learned) and the overall `status`."""
-        body = _without_none({"text": text, "user": user, "conversation": conversation})
-        accepted = await _call(api, ctx, "POST", "/v1/memories/add", body=body)
-        events = await _event_statuses(api, ctx, accepted["event_ids"], wait_seconds)
-        return {"status": _overall(events), "events": events}
+        engram = api.engram(ctx)
+        async with _tool_call():
+            accepted = await engram.add(text, user=user, conversation=conversation)
+            try:
+                events = await engram.wait(
+                    accepted.event_ids, timeout_s=wait_seconds, poll_s=POLL_INTERVAL_S
+                )
+            except EventTimeout as pending:
+                events = pending.events
+        return {"status": _overall(events), "events": [_json(e) for e in events]}
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, open_world_hint=False))
     async def remember_fact(
@@ -354,10 +335,11 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         """Store one fact verbatim (no extraction, no reconciliation): it is searchable
         at once. Returns the new memory with its `id`; when the scope already holds the
         same fact, that memory instead, with `duplicate_of` set to its id."""
-        body = _without_none(
-            {"text": text, "user": user, "conversation": conversation, "tags": tags or []}
-        )
-        return await _call(api, ctx, "POST", "/v1/memories", body=body)
+        async with _tool_call():
+            created = await api.engram(ctx).create(
+                text, user=user, conversation=conversation, tags=tags or ()
+            )
+        return _json(created)
 
     @server.tool(
         annotations=ToolAnnotations(
@@ -375,38 +357,20 @@ def _add_writing_tools(server: MCPServer, api: GatewayApi) -> None:
         """Correct a memory's text and/or tags. The id keeps naming the current version;
         the previous one is kept as history (see get_memory's include_history). Only the
         current version of a memory can be edited."""
-        body = _without_none({"text": text, "tags": tags})
-        return await _call(api, ctx, "PATCH", f"/v1/memories/{memory_id}", body=body)
+        async with _tool_call():
+            return _json(await api.engram(ctx).patch(memory_id, text=text, tags=tags))
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
     async def delete_memory(memory_id: MemoryId, ctx: Context) -> dict[str, Any]:
         """Forget a memory for good, together with its history versions. Returns
         `deleted_ids`."""
-        return await _call(api, ctx, "DELETE", f"/v1/memories/{memory_id}")
+        async with _tool_call():
+            return _json(await api.engram(ctx).delete(memory_id))
 
 
-def _without_none(body: dict[str, Any]) -> dict[str, Any]:
-    """Only what the agent set: the API applies its own defaults to the rest."""
-    return {k: v for k, v in body.items() if v is not None}
-
-
-async def _event_statuses(
-    api: GatewayApi, ctx: Context, event_ids: list[str], wait_s: float
-) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + wait_s
-    while True:
-        events = [
-            await _call(api, ctx, "GET", f"/v1/events/{canonical_uuid(e, 'event')}")
-            for e in event_ids
-        ]
-        if _overall(events) != "pending" or time.monotonic() >= deadline:
-            return events
-        await asyncio.sleep(POLL_INTERVAL_S)
-
-
-def _overall(events: list[dict[str, Any]]) -> str:
+def _overall(events: list[EventOut]) -> str:
     """pending while any is; skipped when every one was; else applied."""
-    statuses = {e["status"] for e in events}
+    statuses = {e.status for e in events}
     if "pending" in statuses:
         return "pending"
     return "skipped" if statuses == {"skipped"} else "applied"
@@ -426,7 +390,7 @@ def _add_resources(server: MCPServer, api: GatewayApi) -> None:
         """The user's active profile entries (as get_profile returns them)."""
         try:
             return await _profile(api, ctx, user)
-        except GatewayCallError as exc:
+        except EngramError as exc:
             raise ResourceError(str(exc)) from None
 
     @server.resource(
@@ -451,12 +415,13 @@ def _add_resources(server: MCPServer, api: GatewayApi) -> None:
 
 
 async def _summary(api: GatewayApi, ctx: Context, user: str, conversation: str) -> str:
-    params = {"conversation": conversation, "user": user, "kind": ["summary"], "limit": 1}
     try:
-        listed = await api.call(ctx, "GET", "/v1/memories", params=params)
-    except GatewayCallError as exc:
+        page = await api.engram(ctx).list_page(
+            conversation=conversation, user=user, kinds=["summary"], limit=1
+        )
+    except (EngramError, ValidationError) as exc:
         raise ResourceError(str(exc)) from None
-    if listed["data"]:
-        return str(listed["data"][0]["text"])
+    if page.data:
+        return page.data[0].text
     owner = f"user {user!r}" if user else "no user"
     raise ResourceError(f"No summary yet for conversation {conversation!r} of {owner}.")
