@@ -15,6 +15,13 @@ Clients: openai-python (sync and async: ``create``, ``create(stream=True)``,
 LangChain's ``ChatOpenAI`` (``invoke``, ``stream``, ``bind_tools``), LiteLLM's
 ``completion`` with ``api_base`` (its own locked environment: it pins openai<3), and the
 official ``openai`` npm package (``create``, stream, ``.withResponse()``) under node.
+
+The other APIs (issue 31): openai-python's ``responses.create`` (plain, streamed, a
+function tool, a follow-up on ``previous_response_id``), the OpenAI Agents SDK running an
+agent with one tool, the ``anthropic`` SDK's ``messages.create`` and ``messages.stream``
+(``system`` as a string and as blocks, a tool), the ``ollama`` client's ``chat`` (plain
+and streamed), and a fact told through one API recalled through the others (a stack
+with its workers, so what is said is learned).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +87,21 @@ RESPONSE_FORMAT: dict[str, Any] = {
 }
 
 
+def _answers_a_tool_result(body: dict[str, Any]) -> bool:
+    """A Responses or Messages request handing back a tool's result: time to answer."""
+    items = body.get("input")
+    if isinstance(items, list) and items and isinstance(items[-1], dict):
+        return items[-1].get("type") == "function_call_output"
+    messages = body.get("messages") or [{}]
+    content = messages[-1].get("content") if isinstance(messages[-1], dict) else None
+    return isinstance(content, list) and any(
+        isinstance(block, dict) and block.get("type") == "tool_result" for block in content
+    )
+
+
 def matrix_reply(body: dict[str, Any]) -> str | ToolCall:
+    if _answers_a_tool_result(body):
+        return ANSWER
     if body.get("tools"):
         return ToolCall("get_weather", {"city": "Lisbon"})
     if body.get("response_format"):
@@ -119,10 +141,10 @@ class Matrix:
     def _recorder(self) -> str:
         return f"http://127.0.0.1:{self.upstream.port}/requests"
 
-    def received(self) -> list[dict[str, Any]]:
-        """The chat requests that reached the upstream since ``seed``, oldest first."""
+    def received(self, path: str = "/v1/chat/completions") -> list[dict[str, Any]]:
+        """The requests on ``path`` that reached the upstream since ``seed``, oldest first."""
         listed = httpx2.get(self._recorder, timeout=10).json()
-        return [r for r in listed if r["path"].endswith("/chat/completions")]
+        return [r for r in listed if r["path"] == path]
 
 
 @pytest.fixture(scope="module")
@@ -522,3 +544,291 @@ def _run_client(command: list[str], env: dict[str, str]) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"{Path(command[-2]).name}: client version {result['version']}", file=sys.stderr)
     return result
+
+
+# --- the other APIs: what reached the upstream --------------------------------------------
+
+
+def assert_controls_stripped(request: dict[str, Any]) -> None:
+    body, headers = request["body"], request["headers"]
+    assert not [k for k in body if k.startswith("memory")], body
+    assert not [h for h in headers if h.startswith("x-engram-")], headers
+    assert "x-stainless-raw-response" not in headers
+
+
+def assert_responses_forwarded(
+    request: dict[str, Any], scope: Scope, *, stream: bool, tools: Any = None
+) -> None:
+    """Memory appended to ``instructions``; the input, user and tools as the SDK sent them."""
+    assert_controls_stripped(request)
+    body = request["body"]
+    assert body["model"] == MODEL and body.get("user") == scope.user
+    assert bool(body.get("stream")) is stream
+    assert FACT.rstrip(".") in body["instructions"]
+    assert body.get("tools") == tools
+
+
+def _responses_kwargs(scope: Scope, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "input": QUESTION,
+        "user": scope.user,
+        "extra_body": {"memory_id": scope.conversation},
+        **extra,
+    }
+
+
+RESPONSES_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": WEATHER_TOOL["function"]["parameters"],
+    "strict": False,
+}
+
+
+def test_openai_python_responses(matrix: Matrix, scope: Scope) -> None:
+    with openai.OpenAI(base_url=matrix.base_url, api_key="sk-matrix", max_retries=0) as client:
+        created = client.responses.create(**_responses_kwargs(scope))
+        assert created.output_text == ANSWER
+        assert FACT in recalled(created.model_dump())
+
+        with client.responses.stream(**_responses_kwargs(scope)) as stream:
+            streamed = "".join(
+                event.delta for event in stream if event.type == "response.output_text.delta"
+            )
+            final = stream.get_final_response()
+        assert streamed == ANSWER and final.output_text == ANSWER
+
+        called = client.responses.create(**_responses_kwargs(scope, tools=[RESPONSES_TOOL]))
+        (call,) = [item for item in called.output if item.type == "function_call"]
+        assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Lisbon"})
+
+        follow_up = client.responses.create(
+            **_responses_kwargs(
+                scope,
+                previous_response_id=called.id,
+                input=[
+                    {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+                ],
+                tools=[RESPONSES_TOOL],
+            )
+        )
+        assert follow_up.output_text == ANSWER
+
+    plain, streamed_request, tool_request, chained = matrix.received("/v1/responses")
+    assert_responses_forwarded(plain, scope, stream=False)
+    assert plain["body"]["input"] == QUESTION
+    assert_responses_forwarded(streamed_request, scope, stream=True)
+    assert_responses_forwarded(tool_request, scope, stream=False, tools=[RESPONSES_TOOL])
+    # The chained follow-up carries a tool's result, not the person's words: nothing to
+    # search for, so nothing injected, and the body goes as it was sent.
+    assert_controls_stripped(chained)
+    assert chained["body"]["previous_response_id"] == called.id
+    assert "instructions" not in chained["body"]
+    assert chained["body"]["input"] == [
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+    ]
+
+
+async def test_openai_agents_sdk_runs_an_agent_with_a_tool(matrix: Matrix, scope: Scope) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
+    looked_up: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        looked_up.append(city)
+        return f"Sunny in {city}"
+
+    client = openai.AsyncOpenAI(base_url=matrix.base_url, api_key="sk-matrix", max_retries=0)
+    agent = Agent(
+        name="assistant",
+        instructions="You are helpful.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(
+            extra_body={"user": scope.user},
+            extra_headers={"X-Engram-Memory-Id": scope.conversation},
+        ),
+    )
+    result = await Runner.run(agent, QUESTION)
+    await client.close()
+    assert result.final_output == ANSWER and looked_up == ["Lisbon"]
+    first, second = matrix.received("/v1/responses")
+    for request in (first, second):
+        assert_controls_stripped(request)
+        assert request["body"]["user"] == scope.user
+        assert request["body"]["instructions"].startswith("You are helpful.\n\n")
+        assert FACT.rstrip(".") in request["body"]["instructions"]
+    # The agent resends the whole run: the question, the call and its result.
+    kinds = [item.get("type", "message") for item in second["body"]["input"]]
+    assert kinds == ["message", "function_call", "function_call_output"]
+
+
+ANTHROPIC_TOOL: dict[str, Any] = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": WEATHER_TOOL["function"]["parameters"],
+}
+
+
+def _messages_kwargs(scope: Scope, system: Any, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": 256,
+        "system": system,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "metadata": {"user_id": scope.user},
+        "extra_body": {"memory_id": scope.conversation},
+        **extra,
+    }
+
+
+def test_anthropic_sdk_messages(matrix: Matrix, scope: Scope) -> None:
+    import anthropic
+
+    blocks = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    with anthropic.Anthropic(base_url=matrix.gateway, api_key="sk-matrix", max_retries=0) as client:
+        created = client.messages.create(**_messages_kwargs(scope, "Be brief."))
+        assert created.content[0].text == ANSWER
+        assert FACT in recalled(created.model_dump())
+        with client.messages.stream(**_messages_kwargs(scope, blocks)) as stream:
+            streamed = "".join(stream.text_stream)
+        assert streamed == ANSWER
+        called = client.messages.create(
+            **_messages_kwargs(scope, "Be brief.", tools=[ANTHROPIC_TOOL])
+        )
+        assert called.stop_reason == "tool_use"
+        (use,) = [block for block in called.content if block.type == "tool_use"]
+        assert (use.name, use.input) == ("get_weather", {"city": "Lisbon"})
+
+    as_string, as_blocks, with_tool = matrix.received("/v1/messages")
+    for request in (as_string, as_blocks, with_tool):
+        assert_controls_stripped(request)
+        body = request["body"]
+        assert body["model"] == MODEL and body["metadata"] == {"user_id": scope.user}
+        assert body["messages"] == [{"role": "user", "content": QUESTION}]
+        assert request["headers"]["anthropic-version"]
+    assert as_string["body"]["system"].startswith("Be brief.\n\n")
+    assert FACT.rstrip(".") in as_string["body"]["system"]
+    assert as_blocks["body"]["system"][:-1] == blocks
+    assert FACT.rstrip(".") in as_blocks["body"]["system"][-1]["text"]
+    assert as_blocks["body"]["stream"] is True
+    assert with_tool["body"]["tools"] == [ANTHROPIC_TOOL]
+
+
+def test_ollama_client_chat(matrix: Matrix, scope: Scope) -> None:
+    import ollama
+
+    headers = {"X-OpenWebUI-User-Id": scope.user, "X-Engram-Memory-Id": scope.conversation}
+    messages = [{"role": "user", "content": QUESTION}]
+    with ollama.Client(host=matrix.gateway, headers=headers) as client:
+        assert client.chat(model=MODEL, messages=messages).message.content == ANSWER
+        parts = client.chat(model=MODEL, messages=messages, stream=True)
+        assert "".join(part.message.content or "" for part in parts) == ANSWER
+    plain, streamed = matrix.received("/api/chat")
+    for request, stream in ((plain, False), (streamed, True)):
+        assert_controls_stripped(request)
+        body = request["body"]
+        assert body["model"] == MODEL and body["stream"] is stream
+        injected, question = body["messages"]
+        assert injected["role"] == "system" and FACT.rstrip(".") in injected["content"]
+        assert question == {"role": "user", "content": QUESTION}
+
+
+# --- one person, four APIs --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def learning_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
+    """A stack with its workers (the rule-based brain learns what is said)."""
+    from engram_testing.stack import start_stack
+
+    stack, upstream = start_stack(tmp_path_factory.mktemp("cross") / "data")
+    try:
+        yield Matrix(stack.settings.local_gateway_url, upstream)
+    finally:
+        stack.stop()
+        upstream.stop()
+
+
+def _until_recalled(stack: Matrix, user: str, query: str, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = httpx2.post(
+            f"{stack.base_url}/memories/search",
+            json={"query": query, "user": user, "conversation": "cross"},
+            timeout=10,
+        ).json()
+        if any(text in hit["text"] for hit in found.get("hits", [])):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{text!r} never became recallable for {user}")
+
+
+def test_a_fact_told_through_one_api_is_recalled_through_the_others(
+    learning_stack: Matrix,
+) -> None:
+    import anthropic
+    import ollama
+
+    stack, user = learning_stack, "user-cross-protocol"
+    engram = {"X-Engram-Memory-Id": "cross"}
+    with openai.OpenAI(base_url=stack.base_url, api_key="sk-x", max_retries=0) as client:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "My favourite colour is teal."}],
+            user=user,
+            extra_headers=engram,
+        )
+        _until_recalled(stack, user, "favourite colour", "teal")
+        client.responses.create(model=MODEL, input=QUESTION, user=user, extra_headers=engram)
+    with anthropic.Anthropic(base_url=stack.gateway, api_key="sk-x", max_retries=0) as claude:
+        claude.messages.create(
+            model=MODEL,
+            max_tokens=64,
+            messages=[{"role": "user", "content": QUESTION}],
+            metadata={"user_id": user},
+            extra_headers=engram,
+        )
+    with ollama.Client(
+        host=stack.gateway, headers={**engram, "X-OpenWebUI-User-Id": user}
+    ) as local:
+        local.chat(model=MODEL, messages=[{"role": "user", "content": QUESTION}])
+    (responses,) = stack.upstream.api_requests("/v1/responses")
+    (messages,) = stack.upstream.api_requests("/v1/messages")
+    (ollama_chat,) = stack.upstream.api_requests("/api/chat")
+    assert "teal" in responses["instructions"]
+    assert "teal" in messages["system"]
+    assert ollama_chat["messages"][0]["role"] == "system"
+    assert "teal" in ollama_chat["messages"][0]["content"]
+
+    # ... and back: told through Messages, recalled through Chat Completions.
+    with anthropic.Anthropic(base_url=stack.gateway, api_key="sk-x", max_retries=0) as claude:
+        claude.messages.create(
+            model=MODEL,
+            max_tokens=64,
+            messages=[{"role": "user", "content": "My dog is called Rex."}],
+            metadata={"user_id": user},
+            extra_headers=engram,
+        )
+    _until_recalled(stack, user, "dog name", "Rex")
+    with openai.OpenAI(base_url=stack.base_url, api_key="sk-x", max_retries=0) as client:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is my dog called?"}],
+            user=user,
+            extra_headers=engram,
+        )
+    asked = stack.upstream.conversation_requests()[-1]["messages"]
+    assert asked[-2]["role"] == "system" and "Rex" in asked[-2]["content"]
