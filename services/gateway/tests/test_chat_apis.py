@@ -382,3 +382,28 @@ async def test_the_operators_key_goes_in_x_api_key_to_the_messages_upstream(
 
 
 CHAT_BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_controls_in_metadata_are_read_and_removed_the_rest_of_metadata_kept(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any
+) -> None:
+    body = {
+        "model": "m",
+        "input": "hi",
+        "user": "ana",
+        "metadata": {"memory_id": "pets", "app": "x"},
+    }
+    assert (await client.post("/v1/responses", json=body)).status_code == 200
+    assert sent(scripted_upstream, "/v1/responses")["metadata"] == {"app": "x"}
+    user, _ = await turns(jetstream, 2)
+    assert user.conversation_id == "pets"
+
+    off = {**MESSAGES_BODY, "metadata": {"user_id": "ana", "memory": "false"}}
+    response = await client.post("/v1/messages", json=off)
+    assert response.headers["x-engram-memory"] == "bypassed"
+    assert sent(scripted_upstream, "/v1/messages")["metadata"] == {"user_id": "ana"}
+
+    unknown = {**MESSAGES_BODY, "metadata": {"memory_colour": "teal"}}
+    refused = await client.post("/v1/messages", json=unknown)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "metadata.memory_colour"

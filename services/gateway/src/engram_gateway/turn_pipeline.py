@@ -46,7 +46,12 @@ from engram_core.logging import get_logger
 from engram_core.memory import GLOBAL_CONVERSATION, is_tenant_wide
 from engram_gateway.bodies import check_text_size, parse_json_object, read_body
 from engram_gateway.client_hints import apply_client_hints
-from engram_gateway.controls import chat_user, split_memory_controls
+from engram_gateway.controls import (
+    BODY_PREFIX,
+    HEADER_FOR_FIELD,
+    chat_user,
+    split_memory_controls,
+)
 from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError, bad_request
 from engram_gateway.recall import MEMORY_HEADER, MemoryStatus, Recall, recall, search_query
 from engram_gateway.server_timing import HEADER as SERVER_TIMING_HEADER
@@ -116,6 +121,9 @@ class ChatApi(Protocol):
 
     #: Short name, in logs and the upstream call's span (``chat``, ``responses``, ...).
     name: str
+    #: The API has a free-form ``metadata`` object where callers may put Engram's
+    #: controls (:func:`metadata_controls`).
+    controls_in_metadata: bool
     #: The stream's content type when the upstream does not say.
     stream_media_type: str
 
@@ -160,6 +168,35 @@ class ChatApi(Protocol):
         ...
 
 
+def metadata_controls(body: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """Engram's controls in the body's ``metadata`` object (``memory``, ``memory_*``: the
+    clients of APIs with a free-form metadata field set them there), as the headers
+    that carry the same controls, and the body without them (its other metadata kept;
+    an emptied ``metadata`` stays, empty). Values are read as header values are:
+    metadata holds strings. They come after the headers and before the body's own
+    top-level fields (:func:`~engram_gateway.controls.split_memory_controls`)."""
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict):
+        return {}, body
+    found: dict[str, str] = {}
+    kept: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if key != "memory" and not key.startswith(BODY_PREFIX):
+            kept[key] = value
+            continue
+        header = HEADER_FOR_FIELD.get(key)
+        if header is None:
+            raise bad_request(
+                f"Unknown memory control metadata.{key}; known: {', '.join(HEADER_FOR_FIELD)}",
+                param=f"metadata.{key}",
+                code="unknown_memory_control",
+            )
+        found[header] = value if isinstance(value, str) else json.dumps(value)
+    if not found:
+        return {}, body
+    return found, {**body, "metadata": kept}
+
+
 def not_recorded(what: str) -> GatewayError:
     return GatewayError(
         503,
@@ -175,7 +212,11 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
     settings = state.settings
     timing = ServerTiming.of(request)
     body = parse_json_object(await read_body(request, settings.gateway_max_body_bytes))
-    controls, forwarded = split_memory_controls(body, request.headers)
+    headers: Mapping[str, str] = request.headers
+    if api.controls_in_metadata:
+        from_metadata, body = metadata_controls(body)
+        headers = {**request.headers, **from_metadata} if from_metadata else headers
+    controls, forwarded = split_memory_controls(body, headers)
     turn = api.read_turn(forwarded)
     query = turn.text.strip()
     controls, bypass = apply_client_hints(controls, request.headers, query, settings)
@@ -219,9 +260,9 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
         if memory.system_message is not None:
             forwarded = api.inject(forwarded, turn, memory.system_message["content"])
 
-    headers = {MEMORY_HEADER: memory.status.value}
+    reply_headers = {MEMORY_HEADER: memory.status.value}
     if memory.status is not MemoryStatus.BYPASSED:
-        headers[HITS_HEADER] = str(len(memory.hits))
+        reply_headers[HITS_HEADER] = str(len(memory.hits))
     log.info(
         "chat.request",
         api=api.name,
@@ -256,7 +297,7 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
         timing=timing,
         record=record,
         stream=turn.stream,
-        headers=headers,
+        headers=reply_headers,
         hits=memory.hits if memory.status is not MemoryStatus.BYPASSED else None,
         prompt=query,
         user_hint=turn.user,

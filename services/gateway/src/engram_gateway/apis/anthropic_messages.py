@@ -133,6 +133,7 @@ def _into_message_start(hits: list[dict[str, Any]]) -> Any:
 
 class AnthropicMessages:
     name = "messages"
+    controls_in_metadata = True
     stream_media_type = "text/event-stream"
 
     def read_turn(self, body: dict[str, Any]) -> Turn:

@@ -79,6 +79,7 @@ def assistant_text(payload: dict[str, Any]) -> str:
 
 class ChatCompletions:
     name = "chat"
+    controls_in_metadata = False
     stream_media_type = "text/event-stream"
 
     def read_turn(self, body: dict[str, Any]) -> Turn:

@@ -73,6 +73,7 @@ class OllamaStreamReader:
 
 class OllamaChat:
     name = "ollama"
+    controls_in_metadata = False
     stream_media_type = "application/x-ndjson"
 
     def read_turn(self, body: dict[str, Any]) -> Turn:

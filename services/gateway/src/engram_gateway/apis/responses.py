@@ -141,6 +141,7 @@ def _first_event_hits(hits: list[dict[str, Any]]) -> Any:
 
 class Responses:
     name = "responses"
+    controls_in_metadata = True
     stream_media_type = "text/event-stream"
 
     def read_turn(self, body: dict[str, Any]) -> Turn:
