@@ -410,7 +410,8 @@ async def test_interrupted_import_resumes_and_sends_each_unit_once(
     assert texts == [[f"fact number {i}"] for i in range(5)]  # each once, in order
     request_ids = [rid for rid, _ in flaky.accepted]
     assert len(set(request_ids)) == 5 and all(r.startswith("import-") for r in request_ids)
-    assert flaky.accepted[0][1]["created_at"] == "2025-01-01T00:00:00+00:00"
+    sent_at = datetime.fromisoformat(flaky.accepted[0][1]["created_at"])
+    assert sent_at == datetime(2025, 1, 1, tzinfo=UTC)
     assert flaky.accepted[0][1]["conversation"] == "c0"
 
     assert await cli("import", str(source), "--gateway", gateway) == 0

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 import grpc
-import httpx2
 from faststream.nats import NatsBroker
+from pydantic import ValidationError
 
 from engram_cli.cli_common import (
     CliSettings,
@@ -51,12 +51,11 @@ from engram_cli.cli_common import (
     add_gateway_flags,
     add_nats_flag,
     add_retrieval_flag,
-    api_error,
-    auth_headers,
     cli_settings,
     connect_announcer,
 )
 from engram_cli.console import ProgressCallback
+from engram_client import AsyncEngramClient, EngramError, EventTimeout, GatewayUnreachable
 from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryChangeOp
@@ -417,54 +416,51 @@ class Sender:
 
 
 class HttpSender(Sender):
+    """Each unit through ``POST /v1/memories/add`` with the Python client."""
+
     def __init__(self, settings: CliSettings, model: str) -> None:
         self.base = settings.gateway_url.rstrip("/")
         self.model = model
         self.event_ids: list[str] = []
-        self.client = httpx2.AsyncClient(
-            base_url=self.base, headers=auth_headers(settings), timeout=60.0
-        )
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        self.engram = AsyncEngramClient(self.base, key, timeout_s=60.0)
 
     async def send(self, unit: Unit) -> dict[str, int]:
-        body: dict[str, Any] = {
-            "text": [m.text for m in unit.messages],
-            "user": unit.conversation.user_id,
-            "conversation": unit.conversation.conversation_id,
-        }
-        if unit.created_at is not None:
-            body["created_at"] = unit.created_at.isoformat()
-        if self.model:
-            body["model"] = self.model
+        # The request id fixes the event (and turn) ids: a re-sent unit is de-duplicated.
+        engram = self.engram.with_headers({"X-Request-Id": f"import-{unit.key[:40]}"})
         try:
-            response = await self.client.post(
-                "/v1/memories/add",
-                json=body,
-                # Fixes the event (and turn) ids: a re-sent unit is de-duplicated.
-                headers={"X-Request-Id": f"import-{unit.key[:40]}"},
+            accepted = await engram.add(
+                [m.text for m in unit.messages],
+                user=unit.conversation.user_id,
+                conversation=unit.conversation.conversation_id,
+                created_at=unit.created_at,
+                model=self.model,
             )
-        except httpx2.HTTPError as exc:
-            raise CommandError(f"gateway at {self.base} unreachable: {exc}") from None
-        if response.status_code != 202:
-            raise CommandError(f"{unit.where}: the gateway refused it: {api_error(response)}")
-        event_ids = response.json().get("event_ids", [])
-        self.event_ids += event_ids
-        return {"accepted": len(event_ids)}
+        except GatewayUnreachable as exc:
+            raise CommandError(f"gateway at {self.base} unreachable: {exc.message}") from None
+        except EngramError as exc:
+            refusal = f"{exc.status} {exc.code or exc.type}: {exc.message}"
+            raise CommandError(f"{unit.where}: the gateway refused it: {refusal}") from None
+        except ValidationError as exc:  # what the API's own model refuses, before any call
+            raise CommandError(f"{unit.where}: the gateway would refuse it: {exc}") from None
+        self.event_ids += accepted.event_ids
+        return {"accepted": len(accepted.event_ids)}
 
     async def learning_status(self, wait_s: float) -> dict[str, Any] | None:
         """The status of the first text accepted (``GET /v1/events/{id}``), waiting up to
         ``wait_s`` for it to leave ``pending``; None when nothing was accepted."""
         if not self.event_ids:
             return None
-        deadline = asyncio.get_running_loop().time() + wait_s
-        while True:
-            response = await self.client.get(f"/v1/events/{self.event_ids[0]}")
-            status = response.json() if response.status_code == 200 else {}
-            if status.get("status") != "pending" or asyncio.get_running_loop().time() > deadline:
-                return status
-            await asyncio.sleep(0.2)
+        try:
+            (status,) = await self.engram.wait(self.event_ids[:1], timeout_s=wait_s, poll_s=0.2)
+        except EventTimeout as pending:
+            (status,) = pending.events
+        except EngramError:
+            return {}
+        return status.model_dump(mode="json")
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.engram.aclose()
 
 
 class GrpcSender(Sender):
