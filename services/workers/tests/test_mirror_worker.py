@@ -9,7 +9,9 @@ import json
 import os
 import re
 import subprocess
+import threading
 from collections.abc import Callable
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,16 +19,33 @@ from typing import Any
 import pytest
 import structlog
 import yaml
+from opentelemetry.sdk.resources import Resource
+from prometheus_client.parser import text_string_to_metric_families
 
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryEdited
 from engram_core.memory import MemoryRecord
-from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path
+from engram_core.metrics import prometheus_exposition, setup_metrics
+from engram_core.mirror_format import (
+    Tombstone,
+    live_path,
+    memory_files,
+    render,
+    tombstone_path,
+)
 from engram_testing.mirror_support import git_log, git_status
 from engram_testing.waiting import eventually
-from engram_testing.worker_stack import consumer_settled, published, quick_settings, running_worker
+from engram_testing.worker_stack import (
+    consumer_settled,
+    dead_letter_count,
+    dead_letters,
+    published,
+    quick_settings,
+    running_worker,
+)
 from engram_workers.mirror import MIRROR, Mirror, MirrorSettings
 from engram_workers.mirror.migration import MigrationPlan, plan_migration
+from engram_workers.mirror.watcher import RETRY_AFTER_S
 
 pytestmark = pytest.mark.integration
 
@@ -336,6 +355,7 @@ async def test_oversized_and_out_of_range_files_are_reported_once_and_skipped(
         facts = root / "acme/c1/facts"
         facts.mkdir(parents=True)
         huge, late, old = facts / "huge.md", facts / "late.md", facts / "old.md"
+        far = facts / "far.md"  # a hand-typed turn_index the index cannot store
         with structlog.testing.capture_logs() as logs:
             huge.write_text("---\nkind: fact\n---\n" + "x" * 40_000 + "\n", encoding="utf-8")
             late.write_text(
@@ -346,21 +366,24 @@ async def test_oversized_and_out_of_range_files_are_reported_once_and_skipped(
                 "---\nkind: fact\ncreated_at: 0999-06-01T00:00:00Z\n---\nAn old fact.\n",
                 encoding="utf-8",
             )
+            far.write_text(f"---\nkind: fact\nturn_index: {10**30}\n---\nA far fact.\n")
             [edit] = await edited_events(nats_url, 1)
             assert edit.memory.text == "An old fact."
             assert edit.memory.created_at == datetime(999, 6, 1, tzinfo=UTC)
-            for path in ("acme/c1/facts/huge.md", "acme/c1/facts/late.md"):
+            for path in ("acme/c1/facts/huge.md", "acme/c1/facts/late.md", "acme/c1/facts/far.md"):
                 await eventually(lambda p=path: mirror.tree.known.get(p), what=f"{path} seen")
             await asyncio.sleep(2.5)  # a retry tick of the watcher passes: still nothing
             assert len(await published(nats_url, MemoryEdited)) == 1
         reports = [e for e in logs if e["event"] == "mirror.malformed_file"]
         assert sorted(e["path"] for e in reports) == [
+            "acme/c1/facts/far.md",
             "acme/c1/facts/huge.md",
             "acme/c1/facts/late.md",
         ]  # once each
         errors = {e["path"]: e["error"] for e in reports}
         assert "larger than a memory may be" in errors["acme/c1/facts/huge.md"]
         assert "created_at: out of range" in errors["acme/c1/facts/late.md"]
+        assert "turn_index: out of range" in errors["acme/c1/facts/far.md"]
 
         late.write_text(late.read_text().replace("9999-12-31T23:59:59-14:00", "2026-01-01"))
         edits = await edited_events(nats_url, 2)
@@ -621,3 +644,200 @@ async def test_a_tree_from_before_users_had_folders_is_migrated_in_one_commit(
         await asyncio.sleep(0.3)
     assert git_log(root) == subjects
     assert git_status(root) == ""
+
+
+# --- symlinks and special files: never followed, never opened ------------------------------
+
+
+SKIPPED = "engram_mirror_files_skipped_total"
+
+
+def unblock(fifos: list[Path], done: threading.Event) -> None:
+    """Until ``done``, open each pipe's write end now and then, so a reader stuck on one
+    (a watcher that opens FIFOs) returns and the test fails instead of hanging."""
+    while not done.wait(0.1):
+        for fifo in fifos:
+            with suppress(OSError):  # nobody reads it: nothing is stuck
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def unsafe_reports(logs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["path"]: e["reason"] for e in logs if e["event"] == "mirror.unsafe_path"}
+
+
+async def test_a_symlink_to_a_fifo_does_not_freeze_the_watcher_for_other_tenants(
+    settings, root, tmp_path, publisher, nats_url
+) -> None:
+    """A FIFO (linked into the tree, or made in it) is never opened: the watcher and the
+    writer go on for everyone, and both are reported."""
+    setup_metrics(Resource.create({"service.name": "engram-mirror-test"}))
+    skipped = {"engram_mirror_side": "watcher"}
+    links, specials = (
+        metric(SKIPPED, engram_mirror_reason=reason, **skipped)
+        for reason in ("symlink", "special_file")
+    )
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    evil = root / "mallory/c1/facts"
+    done = threading.Event()
+    unblocker = threading.Thread(target=unblock, args=([pipe, evil / "made.md"], done), daemon=True)
+    async with running_worker(MIRROR, settings()) as worker:
+        await watching(worker)
+        evil.mkdir(parents=True)
+        try:
+            with structlog.testing.capture_logs() as logs:
+                (evil / "linked.md").symlink_to(pipe)
+                os.mkfifo(evil / "made.md")
+                await asyncio.sleep(0.3)  # the watcher sees them first
+                note = root / "acme/c1/facts/note.md"
+                note.parent.mkdir(parents=True)
+                note.write_text("---\nkind: fact\n---\nI live in Lyon.\n", encoding="utf-8")
+                [edit] = await edited_events(nats_url, 1)
+                assert (edit.tenant, edit.memory.text) == ("acme", "I live in Lyon.")
+                # The writer shares the watcher's lock: it is not held by a stuck read.
+                fact = rec(FACT_ID, "My dog is called Biscuit.")
+                await publish_event(publisher, changed("created", fact))
+                written = root / str(live_path("acme", fact))
+                await eventually(written.exists, what="a memory written after the FIFOs")
+            assert unsafe_reports(logs) == {
+                "mallory/c1/facts/linked.md": "symlink",
+                "mallory/c1/facts/made.md": "special_file",
+            }
+            assert metric(SKIPPED, engram_mirror_reason="symlink", **skipped) == links + 1
+            assert metric(SKIPPED, engram_mirror_reason="special_file", **skipped) == specials + 1
+        except BaseException:
+            unblocker.start()
+            raise
+    done.set()
+    assert len(await published(nats_url, MemoryEdited)) == 1
+
+
+async def test_a_symlinked_user_folder_is_never_written_through(
+    settings, root, tmp_path, publisher, nats_url
+) -> None:
+    """A memory whose folder is a symlink is refused and dead-lettered (replayable once the
+    folder is fixed); nothing lands outside the root and git keeps committing."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    alice = rec(FACT_ID, "I am Alice.", user_id="alice")
+    bob = rec(NEW_FACT_ID, "I am Bob.", user_id="bob")
+    async with running_worker(MIRROR, settings()) as worker:
+        await watching(worker)
+        (root / "acme").mkdir()
+        with structlog.testing.capture_logs() as logs:
+            (root / "acme/@alice").symlink_to(outside, target_is_directory=True)
+            await publish_event(publisher, changed("created", alice))
+            await publish_event(publisher, changed("created", bob))
+            bob_file = root / str(live_path("acme", bob))
+            await eventually(bob_file.exists, what="bob's memory written")
+            await eventually(lambda: dead_letter_count(nats_url, "mirror"), what="dead letter")
+            await eventually(lambda: "I am Bob." in git_show(root, bob_file), what="commit")
+            await asyncio.sleep(0.5)  # a few commit rounds
+        assert list(outside.rglob("*")) == []
+        [letter] = await dead_letters(nats_url, "mirror")
+        assert "'acme/@alice' in" in letter.reason and "symlink" in letter.reason
+        reports = unsafe_reports(logs)  # (the watcher may also have seen the link made)
+        assert reports.pop(str(live_path("acme", alice))) == "symlink"
+        assert set(reports) <= {"acme/@alice"}
+        assert not [e for e in logs if e["event"] == "mirror.commit_failed"]
+
+
+def git_show(root: Path, path: Path) -> str:
+    rel = path.relative_to(root).as_posix()
+    done = subprocess.run(
+        ["git", "-C", str(root), "show", f"HEAD:{rel}"], capture_output=True, text=True
+    )
+    return done.stdout
+
+
+async def test_a_symlink_to_a_file_outside_the_mirror_is_not_imported(
+    settings, root, tmp_path, nats_url
+) -> None:
+    """Neither linked while the mirror runs nor found at start-up; a linked folder's files
+    neither. A real file beside them still is."""
+    secret = tmp_path / "outside/secret.md"
+    secret.parent.mkdir()
+    secret.write_text("---\nkind: fact\n---\nThe root password is hunter2.\n", encoding="utf-8")
+    async with running_worker(MIRROR, settings()):
+        pass  # the repository exists; the next link is made while the mirror is down
+    facts = root / "acme/c1/facts"
+    facts.mkdir(parents=True)
+    (facts / "before.md").symlink_to(secret)
+    with structlog.testing.capture_logs() as logs:
+        async with running_worker(MIRROR, settings()) as worker:
+            await watching(worker)
+            (facts / "during.md").symlink_to(secret)
+            (root / "acme/@eve").symlink_to(secret.parent, target_is_directory=True)
+            (root / "acme/c2").mkdir()
+            (root / "acme/c2/facts").symlink_to(secret.parent, target_is_directory=True)
+            (facts / "real.md").write_text("---\nkind: fact\n---\nA real one.\n", encoding="utf-8")
+            [edit] = await edited_events(nats_url, 1)
+            assert edit.memory.text == "A real one."
+            await asyncio.sleep(1.0)  # any other batch has been handled
+    assert len(await published(nats_url, MemoryEdited)) == 1
+    reports = unsafe_reports(logs)
+    assert reports["acme/c1/facts/before.md"] == reports["acme/c1/facts/during.md"] == "symlink"
+    assert all(reason == "symlink" for reason in reports.values()), reports
+
+
+def test_memory_files_lists_no_symlink_or_special_file(root, tmp_path) -> None:
+    """What `engram rebuild`, export and the mirror's start-up scan read."""
+    outside = tmp_path / "outside"
+    (outside / "facts").mkdir(parents=True)
+    (outside / "facts/x.md").write_text("x", encoding="utf-8")
+    facts = root / "acme/c1/facts"
+    facts.mkdir(parents=True)
+    (facts / "real.md").write_text("x", encoding="utf-8")
+    (facts / "link.md").symlink_to(outside / "facts/x.md")
+    os.mkfifo(facts / "pipe.md")
+    (root / "acme/c2").symlink_to(outside, target_is_directory=True)
+    (root / "acme/@u1").mkdir()
+    (root / "acme/@u1/c3").symlink_to(outside, target_is_directory=True)
+    (root / "linked").symlink_to(root / "acme", target_is_directory=True)
+    assert memory_files(root) == ["acme/c1/facts/real.md"]
+    assert memory_files(root, "linked") == []
+
+
+async def test_a_stuck_watcher_fails_readiness_and_shows_in_metrics(
+    settings, root, nats_url
+) -> None:
+    """An idle watcher still passes (every RETRY_AFTER_S); one stuck in a pass does not."""
+    setup_metrics(Resource.create({"service.name": "engram-mirror-test"}))
+    stall_s = RETRY_AFTER_S + 1.0
+    async with running_worker(MIRROR, settings(mirror_watch_stall_s=stall_s)) as worker:
+        mirror = await watching(worker)
+        for _ in range(8):  # idle for longer than the limit: ready throughout
+            assert await readiness_of(worker, "watcher")
+            await asyncio.sleep(stall_s / 6)
+        release = asyncio.Event()
+        read = mirror.tree.read
+
+        async def stuck(rel: str) -> bytes | None:
+            await release.wait()
+            return await read(rel)
+
+        mirror.tree.read = stuck  # type: ignore[method-assign]
+        try:
+            note = root / "acme/c1/facts/note.md"
+            note.parent.mkdir(parents=True)
+            note.write_text("---\nkind: fact\n---\nI live in Lyon.\n", encoding="utf-8")
+            await eventually(lambda: readiness_of(worker, "watcher", False), what="not ready")
+            assert metric("engram_mirror_watch_staleness_seconds") >= stall_s
+        finally:
+            release.set()
+        await edited_events(nats_url, 1)
+        await eventually(lambda: readiness_of(worker, "watcher"), what="ready again")
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample of this process's metrics (0 when it has not been recorded)."""
+    body, _ = prometheus_exposition()
+    for family in text_string_to_metric_families(body.decode()):
+        for found in family.samples:
+            if found.name == name and all(found.labels.get(k) == v for k, v in labels.items()):
+                return float(found.value)
+    return 0.0
+
+
+async def readiness_of(worker: Any, check: str, expected: bool = True) -> bool:
+    return (await worker.readiness()).get(check) is expected

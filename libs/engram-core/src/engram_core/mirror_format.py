@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -301,19 +302,36 @@ def classify(rel_path: str | PurePosixPath) -> MirrorPath | None:
 def memory_files(root: os.PathLike[str] | str, tenant_dir: str | None = None) -> list[str]:
     """Relative (POSIX) paths of every memory file (see :func:`classify`) under the
     root, or under one tenant's directory of it, sorted; hidden files and directories
-    (``.git``, temp files) are skipped."""
-    found = []
+    (``.git``, temp files) are skipped, and so is anything that is not a regular file
+    reached without a symlink (a symlinked folder is not entered, a symlink, FIFO or
+    socket is not listed: the mirror never reads outside its root or blocks on a pipe)."""
+    found: list[str] = []
     top = os.path.join(root, tenant_dir) if tenant_dir else root
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    if os.path.islink(top):
+        return found
+    for dirpath, dirnames, filenames in os.walk(top):  # does not follow symlinked folders
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and not os.path.islink(dirpath + "/" + d)
+        )
         rel_dir = PurePosixPath(*os.path.relpath(dirpath, root).split(os.sep))
         if len(rel_dir.parts) < 2 or str(rel_dir) == ".":
             continue
         for name in sorted(filenames):
             rel = (rel_dir / name).as_posix()
-            if name.endswith(FILE_SUFFIX) and classify(rel) is not None:
+            if (
+                name.endswith(FILE_SUFFIX)
+                and classify(rel) is not None
+                and _is_regular(os.path.join(dirpath, name))
+            ):
                 found.append(rel)
     return found
+
+
+def _is_regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 # --- rendering -------------------------------------------------------------------------

@@ -273,6 +273,9 @@ class WorkerSpec(Generic[E, S, R]):
     #: Opened at startup (after NATS and retrieval), closed after the consumer stopped;
     #: what it yields is ``Delivery.resources``.
     resources: Callable[[Worker[E, S, R]], AbstractAsyncContextManager[R]] | None = None
+    #: Readiness checks of the open resources (a stuck mirror watcher, say), added to
+    #: ``/readyz`` beside NATS and retrieval.
+    readiness: Callable[[R], Mapping[str, bool]] | None = None
 
     @property
     def service_name(self) -> str:
@@ -400,6 +403,8 @@ class Worker(Generic[E, S, R]):
             with suppress_instrumentation():
                 serving = client is not None and await client.is_serving(timeout_s=1.0)
             checks["retrieval"] = serving
+        if self.spec.readiness is not None and self._resources is not None:
+            checks.update(self.spec.readiness(self._resources))
         return checks
 
     async def refresh_pending(self) -> None:

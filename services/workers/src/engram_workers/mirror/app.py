@@ -58,6 +58,12 @@ class MirrorSettings(WorkerSettings):
     mirror_watch_poll_ms: int = Field(
         default=300, ge=10, description="Polling interval when polling."
     )
+    mirror_watch_stall_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="/readyz fails when the hand-edit watcher has not completed a pass for "
+        "this long (it passes every few seconds while idle): a stuck watcher shows.",
+    )
 
     @property
     def mirror_path(self) -> Path:
@@ -80,6 +86,7 @@ async def open_mirror(
         watch_poll_ms=settings.mirror_watch_poll_ms,
         # The body plus its front matter: a file larger than a text may be cannot be one.
         max_file_bytes=settings.max_text_bytes + MAX_FRONT_MATTER_BYTES,
+        watch_stall_s=settings.mirror_watch_stall_s,
     )
     await mirror.start()
     try:
@@ -103,6 +110,7 @@ MIRROR = WorkerSpec(
     handle=mirror_change,
     uses_retrieval=False,
     resources=open_mirror,
+    readiness=Mirror.readiness,
 )
 
 

@@ -2,7 +2,10 @@
 
 One process writes the tree (single writer): the event handler and the watcher share
 one lock, git runs as a subprocess off the event loop, and a message is acknowledged
-once its file is written; the commit follows within ``commit_interval_s``.
+once its file is written; the commit follows within ``commit_interval_s``. Nothing is
+written through a symlink (:mod:`engram_workers.mirror.no_follow`): a change whose
+folder is a symlink is reported and refused (dead-lettered), never written outside
+the root.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from engram_core.mirror_format import (
 from engram_core.settings import DEFAULT_MAX_TEXT_BYTES
 from engram_workers.mirror.git import GitError, GitRepo
 from engram_workers.mirror.migration import migrate_layout
+from engram_workers.mirror.no_follow import UnsafePath, is_regular
+from engram_workers.mirror.telemetry import count_skipped
 from engram_workers.mirror.tree import Batch, MirrorTree, PendingChanges
 from engram_workers.mirror.watcher import EditWatcher
 
@@ -61,8 +66,10 @@ class Mirror:
         watch_polling: bool = False,
         watch_poll_ms: int = 300,
         max_file_bytes: int = DEFAULT_MAX_TEXT_BYTES,
+        watch_stall_s: float = 60.0,
     ) -> None:
         self.root = root
+        self.watch_stall_s = watch_stall_s
         self.commit_interval_s = commit_interval_s
         self.tree = MirrorTree(root)
         self.git = GitRepo(root)
@@ -134,6 +141,13 @@ class Mirror:
         self.pending.committed()
         return backlog
 
+    def readiness(self) -> dict[str, bool]:
+        """``watcher``: the hand-edit watcher completed a pass within ``watch_stall_s``
+        (absent when not watching)."""
+        if self.watcher is None:
+            return {}
+        return {"watcher": self.watcher.heartbeat.age_s() < self.watch_stall_s}
+
     async def close(self) -> None:
         """Stop watching, then commit what is left (the last batch is never lost)."""
         self._closing.set()
@@ -151,6 +165,22 @@ class Mirror:
     async def apply(self, event: MemoryChanged) -> str | None:
         """Write (or move) the file of one changed memory; its relative path, or None
         when the event is older than what the mirror already applied for that memory."""
+        try:
+            return await self._apply(event)
+        except UnsafePath as exc:
+            log.error(
+                "mirror.unsafe_path",
+                path=exc.rel,
+                component=exc.component,
+                reason=exc.reason,
+                memory_id=event.memory.id,
+                hint="not written (never through a symlink); replace it with a regular "
+                "folder, then replay the dead letter (engram dlq replay)",
+            )
+            count_skipped(exc.reason, "writer")
+            raise
+
+    async def _apply(self, event: MemoryChanged) -> str | None:
         record, tenant = event.memory, event.tenant
         async with self.tree.lock:
             last = self._applied_at.get(record.id)
@@ -249,7 +279,8 @@ def _follow_moves(
 
 
 def _existing(root: Path, rels: list[str]) -> set[str]:
-    return {rel for rel in rels if (root / rel).exists()}
+    # A path beyond a symlink counts as gone: `git add` would refuse it on every commit.
+    return {rel for rel in rels if is_regular(root, rel)}
 
 
 def commit_message(batch: Batch) -> str:

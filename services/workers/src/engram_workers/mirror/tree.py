@@ -13,15 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import tempfile
 from collections import Counter
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TextIO
 
 from engram_core.logging import get_logger
 from engram_core.mirror_format import classify, content_sha256, memory_files, under_deleted
+from engram_workers.mirror.no_follow import read_file, remove_file, write_file
 
 log = get_logger(__name__)
 
@@ -69,23 +68,31 @@ class MirrorTree:
             del self.path_by_id[memory_id]
 
     async def write(self, rel: str, content: str) -> tuple[bool, str]:
-        """Write atomically unless the file already holds exactly this; (changed, sha)."""
+        """Write atomically unless the file already holds exactly this; (changed, sha).
+        Raises :class:`~engram_workers.mirror.no_follow.UnsafePath` when a folder on the
+        way is a symlink (nothing is written outside the root)."""
         data = content.encode("utf-8")
         sha = content_sha256(data)
-        path = self.abs(rel)
         # Before the rename: the watcher must never see these bytes as a stranger's.
+        previous = self.known.get(rel, ABSENT)
         self.known[rel] = sha
-        changed = await asyncio.to_thread(_write_atomic, path, data)
+        try:
+            changed = await asyncio.to_thread(write_file, self.root, rel, data, FILE_MODE)
+        except BaseException:
+            self.known[rel] = previous
+            raise
         return changed, sha
 
     async def remove(self, rel: str) -> bool:
         """Remove a file the mirror moved elsewhere; True if it was there."""
         self.known[rel] = ABSENT
         self.untrack(rel)
-        return await asyncio.to_thread(_unlink, self.abs(rel))
+        return await asyncio.to_thread(remove_file, self.root, rel)
 
     async def read(self, rel: str) -> bytes | None:
-        return await asyncio.to_thread(_read, self.abs(rel))
+        """The file's bytes, None when absent; raises ``UnsafePath`` for a symlink or a
+        special file on the way (never followed, never opened: a FIFO cannot block)."""
+        return await asyncio.to_thread(read_file, self.root, rel)
 
     def scan(self) -> int:
         """Index every memory file by id (blocking: run it in a thread at start-up).
@@ -100,7 +107,7 @@ class MirrorTree:
                 continue
             memory_id = info.id_from_name
             if memory_id is None:
-                memory_id = _front_matter_id(self.root / rel)
+                memory_id = _front_matter_id(self.root, rel)
             if memory_id is None:
                 continue
             # Live files win over tombstones of the same id.
@@ -113,59 +120,24 @@ class MirrorTree:
         return count
 
 
-def _front_matter_id(path: Path) -> str | None:
+def _front_matter_id(root: Path, rel: str) -> str | None:
     """The id of a non-canonically named file, from its front matter (best effort)."""
     try:
-        with path.open("r", encoding="utf-8", errors="replace") as handle:
-            if handle.readline().strip() != "---":
-                return None
-            for line in handle:
-                if line.strip() in ("---", "..."):
-                    return None
-                if line.startswith("id:"):
-                    value = line[3:].strip().strip("'\"")
-                    return value or None
-    except OSError:
+        data = read_file(root, rel)
+    except (OSError, ValueError):  # ValueError: UnsafePath
         return None
+    if data is None:
+        return None
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    for line in lines[1:]:
+        if line.strip() in ("---", "..."):
+            return None
+        if line.startswith("id:"):
+            value = line[3:].strip().strip("'\"")
+            return value or None
     return None
-
-
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-
-
-def _write_atomic(path: Path, data: bytes) -> bool:
-    try:
-        if path.read_bytes() == data:
-            return False
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # A dot-name: the watcher, git and `engram rebuild` all ignore it.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fchmod(handle.fileno(), FILE_MODE)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return True
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 # --- the next commit -------------------------------------------------------------------

@@ -10,12 +10,21 @@ files) and anything outside ``<tenant>/<conversation>/`` and
 date included), is larger than a memory may be (``ENGRAM_MAX_TEXT_BYTES``), or whose
 front matter names another user or conversation than its folder, is reported in the
 log once and not published; saving it again fixed is picked up as usual.
+
+Symlinks and special files (FIFOs, sockets) are never followed or opened, wherever they
+are on the path (a symlinked tenant or ``@user`` folder included): each is reported
+once (``mirror.unsafe_path``) and skipped, so a FIFO cannot block the watcher and a
+file outside the root is never published. Every skip counts in
+``engram.mirror.files_skipped``; each completed pass of the loop beats a heartbeat
+(``engram.mirror.watch.staleness``, and the worker's readiness).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
@@ -32,6 +41,7 @@ from engram_core.mirror_format import (
     MirrorPath,
     classify,
     content_sha256,
+    memory_files,
     misplacement,
     parse,
     render,
@@ -39,6 +49,8 @@ from engram_core.mirror_format import (
 )
 from engram_core.settings import DEFAULT_MAX_TEXT_BYTES
 from engram_workers.mirror.git import GitRepo
+from engram_workers.mirror.no_follow import UnsafePath, UnsafeReason, is_regular
+from engram_workers.mirror.telemetry import SkipReason, count_skipped, watch_heartbeat
 from engram_workers.mirror.tree import MirrorTree, PendingChanges
 
 log = get_logger(__name__)
@@ -83,7 +95,11 @@ class EditWatcher:
         self._retry: set[str] = set()
         #: memory id -> a refused file (another scope than its folder's) that holds it
         self._misplaced_files: dict[str, str] = {}
+        #: paths reported as symlinks or special files (each reported once)
+        self._unsafe_reported: set[str] = set()
         self.watching = asyncio.Event()
+        #: Beats after every completed pass of the loop (a batch, or an idle tick).
+        self.heartbeat = watch_heartbeat()
         # watchfiles logs every batch at INFO; the outcomes are logged here instead.
         logging.getLogger("watchfiles").setLevel(logging.WARNING)
 
@@ -99,6 +115,7 @@ class EditWatcher:
         while not ready():
             if self.stop_event.is_set():
                 return
+            self.heartbeat.beat()
             await asyncio.sleep(0.05)
         backlog = set(initial)
         while not self.stop_event.is_set():
@@ -135,6 +152,7 @@ class EditWatcher:
             if backlog:
                 await self.handle_paths(backlog)
             self.watching.set()
+            self.heartbeat.beat()
             while True:
                 try:
                     changes = await next_batch
@@ -147,6 +165,7 @@ class EditWatcher:
                     self._retry.clear()
                 if paths:
                     await self.handle_paths(paths)
+                self.heartbeat.beat()
         finally:
             self.watching.clear()
             if not next_batch.done():
@@ -161,13 +180,41 @@ class EditWatcher:
             rel = self._rel(path)
             if rel is None:
                 continue
-            if Path(path).is_dir():
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:  # gone: a deletion, or a path beyond a symlink
+                paths.add(rel)
+                continue
+            if stat.S_ISLNK(mode):
+                self._unsafe(UnsafePath(rel, "symlink", rel))
+            elif stat.S_ISDIR(mode):
                 # A new directory: files made in it before the watch covered it are
                 # otherwise never reported.
-                paths.update(f"{rel}/{found}" for found in _md_files_under(Path(path)) if found)
+                paths.update(self._files_under(rel))
+            elif not stat.S_ISREG(mode):
+                self._unsafe(UnsafePath(rel, "special_file", rel))
             else:
                 paths.add(rel)
         return paths
+
+    def _files_under(self, rel_dir: str) -> list[str]:
+        """The memory files in a new folder; its symlinks and special files are reported
+        (``memory_files`` leaves them out silently)."""
+        top = self.tree.root / rel_dir
+        for dirpath, dirnames, filenames in os.walk(top):  # never enters a symlinked folder
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in (*dirnames, *filenames):
+                if name.startswith("."):
+                    continue
+                try:
+                    mode = os.lstat(os.path.join(dirpath, name)).st_mode
+                except OSError:
+                    continue
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    rel = Path(dirpath, name).relative_to(self.tree.root).as_posix()
+                    reason: UnsafeReason = "symlink" if stat.S_ISLNK(mode) else "special_file"
+                    self._unsafe(UnsafePath(rel, reason, rel))
+        return memory_files(self.tree.root, rel_dir)
 
     def _rel(self, path: str) -> str | None:
         try:
@@ -200,7 +247,12 @@ class EditWatcher:
                 info = classify(rel)
                 if info is None or info.deleted:
                     continue
-                data = await self.tree.read(rel)
+                try:
+                    data = await self.tree.read(rel)
+                except UnsafePath as exc:
+                    self._unsafe(exc)
+                    continue
+                self._unsafe_reported.discard(rel)
                 sha = content_sha256(data) if data is not None else None
                 if self.tree.is_known(rel, sha):
                     continue
@@ -240,15 +292,16 @@ class EditWatcher:
                 sha,
                 f"{len(data)} bytes, larger than a memory may be ({self.max_file_bytes} bytes "
                 "with its front matter; ENGRAM_MAX_TEXT_BYTES): not indexed",
+                "too_large",
             )
             return None
         try:
             parsed = parse(data.decode("utf-8"), info, new_id=_new_id)
         except UnicodeDecodeError:
-            self._malformed(rel, sha, "not UTF-8 text")
+            self._malformed(rel, sha, "not UTF-8 text", "not_utf8")
             return None
         except MirrorFormatError as exc:
-            self._malformed(rel, sha, str(exc))
+            self._malformed(rel, sha, str(exc), "malformed")
             return None
         if self._misplaced(rel, sha, parsed, info):
             return None
@@ -259,7 +312,7 @@ class EditWatcher:
             and other != rel
             and other not in gone_paths
             and not (classify(other) or info).deleted
-            and await self.tree.read(other) is not None
+            and await self._readable(other)
         ):
             # Another live file already is this memory: the copy becomes a new one.
             log.info("mirror.copy_gets_new_id", path=rel, copy_of=record.id)
@@ -346,14 +399,14 @@ class EditWatcher:
         if problem is None:
             self._misplaced_files.pop(parsed.record.id, None)
             return False
-        self._malformed(rel, sha, f"misplaced: {problem}")
+        self._malformed(rel, sha, f"misplaced: {problem}", "misplaced")
         if not parsed.assigned_id:
             self._misplaced_files[parsed.record.id] = rel
         return True
 
     def _held_by_misplaced_file(self, memory_id: str) -> bool:
         rel = self._misplaced_files.get(memory_id)
-        if rel is not None and not self.tree.abs(rel).is_file():
+        if rel is not None and not is_regular(self.tree.root, rel):
             del self._misplaced_files[memory_id]
             return False
         return rel is not None
@@ -369,7 +422,7 @@ class EditWatcher:
                 if held == memory_id
                 and other != rel
                 and not under_deleted(other)
-                and self.tree.abs(other).is_file()
+                and is_regular(self.tree.root, other)
             ),
             None,
         )
@@ -382,26 +435,39 @@ class EditWatcher:
         log.info("mirror.second_file_removed", path=rel, memory_id=memory_id, kept=holder)
         return True
 
-    def _malformed(self, rel: str, sha: str, reason: str) -> None:
+    async def _readable(self, rel: str) -> bool:
+        try:
+            return await self.tree.read(rel) is not None
+        except UnsafePath:
+            return False
+
+    def _malformed(self, rel: str, sha: str, error: str, reason: SkipReason) -> None:
         if self.tree.known.get(rel) != sha:
             log.error(
                 "mirror.malformed_file",
                 path=rel,
-                error=reason,
+                error=error,
+                reason=reason,
                 hint="not published; fix the file and save it again",
             )
+            count_skipped(reason, "watcher")
         # Remember it, so the same broken content is reported once.
         self.tree.known[rel] = sha
         return None
 
-
-def _md_files_under(directory: Path) -> list[str]:
-    found = []
-    for path in directory.rglob("*.md"):
-        rel = path.relative_to(directory)
-        if not any(part.startswith(".") for part in rel.parts):
-            found.append(rel.as_posix())
-    return found
+    def _unsafe(self, exc: UnsafePath) -> None:
+        """Report a symlink or special file once; it is never followed or opened."""
+        if exc.rel in self._unsafe_reported:
+            return
+        self._unsafe_reported.add(exc.rel)
+        log.error(
+            "mirror.unsafe_path",
+            path=exc.rel,
+            component=exc.component,
+            reason=exc.reason,
+            hint="not followed, not published; replace it with a regular file or folder",
+        )
+        count_skipped(exc.reason, "watcher")
 
 
 def _edited(
