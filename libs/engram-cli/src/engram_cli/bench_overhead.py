@@ -52,6 +52,7 @@ from typing import Any
 import httpx2
 import nats
 
+from engram_cli.bench_common import percentiles
 from engram_cli.bench_load import (
     MODES,
     Backlog,
@@ -197,6 +198,7 @@ class Run:
                 mine = [s for s, a in zip(samples, sent, strict=True) if a == api]
                 by_api[api][mode] = {
                     **latency_summary(mine),
+                    **_own_time(mine),
                     "cpu_ms_per_chat": cpu,
                     "drained_after_s": round(drained_s, 2),
                     "load_avg_1m": load,
@@ -339,6 +341,17 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
     return results
 
 
+def _own_time(samples: list[ChatSample]) -> dict[str, Any]:
+    """The gateway's own time before the upstream: ``pre-upstream`` minus ``recall``,
+    chat by chat (what an API's adapter and the controls cost, whatever retrieval took)."""
+    own = [
+        s.timings["pre-upstream"] - s.timings.get("recall", 0.0)
+        for s in samples
+        if s.status == 200 and "pre-upstream" in s.timings
+    ]
+    return {"own_pre_upstream_ms": percentiles(own)} if own else {}
+
+
 def _taking_turns(
     chatters: dict[str, Chatter], mode: str, sent: list[str]
 ) -> Callable[[], Coroutine[Any, Any, ChatSample]]:
@@ -405,14 +418,19 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
 
 def print_api_latency(by_api: dict[str, Any]) -> None:
     """Each API's pre-upstream time (memory on) and added latency (on minus off)."""
-    print("\npre-upstream, memory on (ms)      p50      p95      p99   added p50 (on-off)")
+    print(
+        "\nmemory on, ms            pre-upstream p50   p95   p99"
+        "   without recall p50   p95   added p50 (on-off)"
+    )
     for api, phases in by_api.items():
         pre = phases["on"].get("pre-upstream_ms", {})
+        own = phases["on"].get("own_pre_upstream_ms", {})
         on, off = phases["on"].get("latency_ms", {}), phases["off"].get("latency_ms", {})
         added = on.get("p50", 0.0) - off.get("p50", 0.0)
         print(
-            f"  {api:<30} {pre.get('p50', 0):8.2f} {pre.get('p95', 0):8.2f} "
-            f"{pre.get('p99', 0):8.2f} {added:11.2f}"
+            f"  {api:<22} {pre.get('p50', 0):14.2f} {pre.get('p95', 0):8.2f} "
+            f"{pre.get('p99', 0):8.2f} {own.get('p50', 0):14.2f} {own.get('p95', 0):8.2f} "
+            f"{added:14.2f}"
         )
 
 
