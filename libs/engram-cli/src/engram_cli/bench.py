@@ -254,6 +254,7 @@ def add_bench_parser(
     from engram_cli.bench_scale import add_scale_parser
     from engram_cli.bench_writepath import add_write_path_parser
     from engram_cli.locomo.bench import add_locomo_parser
+    from engram_cli.locomo.qa import add_qa_parser
     from engram_cli.paraphrase.bench import add_paraphrase_parser
 
     bench = commands.add_parser("bench", help="benchmarks (tables, JSON, plots)")
@@ -263,6 +264,7 @@ def add_bench_parser(
     add_scale_parser(kinds, handler)
     add_locomo_parser(kinds, handler)
     add_paraphrase_parser(kinds, handler)
+    add_qa_parser(kinds, handler)
     add_corrections_parser(kinds, handler)
     add_overhead_parser(kinds, handler)
     latency = kinds.add_parser("latency", help="Search latency at growing store sizes")

@@ -84,6 +84,7 @@ class Question:
     evidence: tuple[str, ...]  # canonical ids of turns that exist in the sample
     recovered: int = 0  # evidence ids repaired while parsing
     unusable: int = 0  # evidence that is malformed or names no turn of the sample
+    answer: str = ""  # the gold answer (``answer``, else ``adversarial_answer``)
 
     @property
     def category_name(self) -> str:
@@ -183,6 +184,7 @@ def _questions(qa: Any, turn_ids: set[str], where: str) -> tuple[Question, ...]:
                 evidence=known,
                 recovered=parsed.recovered,
                 unusable=parsed.unusable + len(parsed.ids) - len(known),
+                answer=str(raw.get("answer", raw.get("adversarial_answer", "")) or ""),
             )
         )
     return tuple(questions)
