@@ -6,8 +6,16 @@ span carrying the trace context to retrieval (:mod:`engram_core.rpc_tracing`).
 The channel reconnects with a short backoff (0.25 s doubling to at most 2 s instead of
 gRPC's default 120 s), so callers recover within a few seconds of retrieval serving
 again instead of answering "memory unavailable" for minutes; keepalive pings (every
-20 s, also while idle; the server accepts them, :data:`SERVER_KEEPALIVE_OPTIONS`)
-notice a connection that died silently (a node gone, a NAT dropping it).
+``ENGRAM_GRPC_KEEPALIVE_S``, 20 s by default, also while idle) notice a connection that
+died silently (a node gone, a NAT dropping it).
+
+Both sides of that policy come from the one setting, here: :func:`channel_options` (the
+clients' ping interval) and :func:`server_keepalive_options` (what the retrieval server
+accepts: pings half as far apart as the shorter of the setting and the default, so a
+client on either schedule never collects a strike). A server that refuses the clients'
+pings answers the third early one with GOAWAY ``too_many_pings`` and every caller
+reconnects; gRPC core silently ignores an option name it does not know, which is how
+that happened (``min_recv_ping_interval_without_data_ms`` is not one).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from engram_core.logging import get_logger
 from engram_core.proto import pb, pb_grpc
 from engram_core.retry import TransientError, retry_transient
 from engram_core.rpc_tracing import client_call
+from engram_core.settings import DEFAULT_GRPC_KEEPALIVE_S
 
 log = get_logger(__name__)
 
@@ -40,25 +49,48 @@ SEARCH_STAGES = (
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-KEEPALIVE_TIME_MS = 20_000
-#: What a client channel to retrieval uses (gateway, workers, CLI).
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2_000),
-    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-)
-#: What the retrieval server needs to accept those pings (it would otherwise answer
-#: pings more often than every 5 minutes without data with GOAWAY "too_many_pings").
-SERVER_KEEPALIVE_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
-)
+#: How often an idle client pings retrieval, unless ``ENGRAM_GRPC_KEEPALIVE_S`` says.
+DEFAULT_KEEPALIVE_S = DEFAULT_GRPC_KEEPALIVE_S
+KEEPALIVE_TIMEOUT_MS = 5_000
+#: gRPC core's names (``GRPC_ARG_*`` in grpc/impl/channel_arg_names.h); an unknown name
+#: is ignored without a word, so each is spelled once, here.
+ARG_KEEPALIVE_TIME_MS = "grpc.keepalive_time_ms"
+ARG_KEEPALIVE_TIMEOUT_MS = "grpc.keepalive_timeout_ms"
+ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS = "grpc.keepalive_permit_without_calls"
+ARG_MAX_PINGS_WITHOUT_DATA = "grpc.http2.max_pings_without_data"
+ARG_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS = "grpc.http2.min_ping_interval_without_data_ms"
+
+
+def _keepalive_ms(keepalive_s: float) -> int:
+    return max(1, round(keepalive_s * 1000))
+
+
+def channel_options(keepalive_s: float = DEFAULT_KEEPALIVE_S) -> list[tuple[str, int]]:
+    """What a client channel to retrieval uses (gateway, workers, CLI)."""
+    return [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.min_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+        (ARG_KEEPALIVE_TIME_MS, _keepalive_ms(keepalive_s)),
+        (ARG_KEEPALIVE_TIMEOUT_MS, KEEPALIVE_TIMEOUT_MS),
+        (ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1),
+        (ARG_MAX_PINGS_WITHOUT_DATA, 0),
+    ]
+
+
+def server_keepalive_options(keepalive_s: float = DEFAULT_KEEPALIVE_S) -> list[tuple[str, int]]:
+    """What the retrieval server needs to accept the clients' pings, idle or not: one
+    every half of the shorter of ``keepalive_s`` and the default (a CLI built with the
+    default beside services set to ping less often is not struck either). gRPC's own
+    default is one per 5 minutes without data, and GOAWAY ``too_many_pings`` after the
+    third that comes sooner."""
+    shortest_ms = min(_keepalive_ms(keepalive_s), _keepalive_ms(DEFAULT_KEEPALIVE_S))
+    return [
+        (ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1),
+        (ARG_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, max(1, shortest_ms // 2)),
+    ]
 
 
 class MemoryStub(Protocol):
@@ -81,10 +113,12 @@ class HealthStub(Protocol):
 
 
 class RetrievalClient:
-    def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, address: str, *, timeout_s: float = 10.0, keepalive_s: float = DEFAULT_KEEPALIVE_S
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+        self._channel = grpc.aio.insecure_channel(address, options=channel_options(keepalive_s))
         self.stub: MemoryStub = pb_grpc.MemoryServiceStub(self._channel)
         # types-grpcio-health-checking declares HealthStub without its methods.
         self._health = cast(HealthStub, health_pb2_grpc.HealthStub(self._channel))
@@ -146,6 +180,11 @@ class RetrievalClient:
             log.info("retrieval.waiting", address=self.address, delay_s=round(pause, 2))
 
         await retry_transient(serving, budget_s=None, on_retry=report, max_delay_s=1.0)
+
+    def connectivity(self) -> grpc.ChannelConnectivity:
+        """The channel's state: READY while its connection holds; a connection the
+        server dropped (GOAWAY) shows as IDLE until the next call reconnects."""
+        return self._channel.get_state()
 
     async def close(self) -> None:
         await self._channel.close()

@@ -22,6 +22,8 @@ DEFAULT_DATA_DIR = Path(".engram")
 #: A quarter of NATS' default max_payload (1 MiB): room for JSON escapes and a copy.
 DEFAULT_MAX_TEXT_BYTES = 256 * 1024
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+#: ENGRAM_GRPC_KEEPALIVE_S's default (engram_core.retrieval_client applies it on both sides).
+DEFAULT_GRPC_KEEPALIVE_S = 20.0
 
 
 def parse_nats_urls(value: str) -> list[str]:
@@ -62,6 +64,14 @@ class EngramSettings(BaseSettings, RetrySettings):
     )
     retrieval_address: str = Field(
         default="127.0.0.1:50051", description="host:port of the retrieval gRPC service."
+    )
+    grpc_keepalive_s: float = Field(
+        default=DEFAULT_GRPC_KEEPALIVE_S,
+        gt=0,
+        le=3600,
+        description="How often a client pings retrieval over an idle gRPC connection (to "
+        "notice one that died silently); retrieval's server accepts pings that often "
+        "(half of it, or of the default if shorter). Set the same value everywhere.",
     )
     stream_replicas: int = Field(
         default=1,

@@ -73,7 +73,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             retrieval = RetrievalClient(
-                settings.retrieval_address, timeout_s=settings.gateway_retrieval_timeout_s
+                settings.retrieval_address,
+                timeout_s=settings.gateway_retrieval_timeout_s,
+                keepalive_s=settings.grpc_keepalive_s,
             )
             stack.push_async_callback(retrieval.close)
 

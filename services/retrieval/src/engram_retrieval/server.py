@@ -16,7 +16,7 @@ from engram_core import event_loop
 from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.proto import pb_grpc
-from engram_core.retrieval_client import SERVER_KEEPALIVE_OPTIONS, SERVICE_NAME
+from engram_core.retrieval_client import SERVICE_NAME, server_keepalive_options
 from engram_retrieval.embedder import (
     Embedder,
     SentenceEncoder,
@@ -191,7 +191,7 @@ async def build_server(
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
-                *SERVER_KEEPALIVE_OPTIONS,
+                *server_keepalive_options(settings.grpc_keepalive_s),
             ]
         )
         pb_grpc.add_MemoryServiceServicer_to_server(servicer, server)

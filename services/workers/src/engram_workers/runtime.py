@@ -450,7 +450,9 @@ class Worker(Generic[E, S, R]):
             "consumer", lambda: ensure_consumer(self.settings.nats_url, self.consumer_config())
         )
         if self.spec.uses_retrieval:
-            self._retrieval = RetrievalClient(self.settings.retrieval_address)
+            self._retrieval = RetrievalClient(
+                self.settings.retrieval_address, keepalive_s=self.settings.grpc_keepalive_s
+            )
             self._memories = MemoryPort(self._retrieval)
             # Consuming sooner would only nack the first messages and wait out their
             # backoff: a turn said just after start-up would be learned seconds late.
