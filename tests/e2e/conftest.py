@@ -79,11 +79,14 @@ def read_spans(path: Path) -> list[dict[str, Any]]:
 # --- two tenants, for the MCP server and the memory browser ----------------------------------
 
 TOOLS_KEY_A, TOOLS_KEY_B = "e2e-tools-key-a", "e2e-tools-key-b"
+#: An operator's key (tenant A's, with the admin role): the memory browser's operator panel.
+TOOLS_ADMIN_KEY = "e2e-tools-admin-key"
 
 
 @dataclass
 class TwoTenantStack:
-    """The stack with API keys for two tenants (A: acme, B: beta) and its spans file."""
+    """The stack with API keys for two tenants (A: acme, B: beta; an admin key of acme's)
+    and its spans file."""
 
     stack: Stack
     spans_file: Path
@@ -101,7 +104,10 @@ def two_tenant_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoTe
     tmp = tmp_path_factory.mktemp("two-tenants")
     upstream = ScriptedUpstream(replies=[RuleBasedBrain(chat_reply="Noted.")]).start()
     spans_file = tmp / "spans.jsonl"
-    keys = f"{entry_for(TOOLS_KEY_A, 'acme')},{entry_for(TOOLS_KEY_B, 'beta')}"
+    keys = (
+        f"{entry_for(TOOLS_KEY_A, 'acme')},{entry_for(TOOLS_KEY_B, 'beta')},"
+        f"{entry_for(TOOLS_ADMIN_KEY, 'acme')}:admin"
+    )
     stack = Stack(
         stack_settings(tmp / "data"),
         echo=lambda _: None,

@@ -9,6 +9,7 @@ Run with ``ENGRAM_UI_SCREENSHOTS=docs/img`` to refresh the screenshots in docs/u
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from playwright.async_api import Browser, Page, expect
 
 from engram_testing.browser import screenshot_dir, shrink_png
 
-from .conftest import TOOLS_KEY_A, TOOLS_KEY_B, TwoTenantStack, wait_for
+from .conftest import TOOLS_ADMIN_KEY, TOOLS_KEY_A, TOOLS_KEY_B, TwoTenantStack, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -262,5 +263,163 @@ async def test_learn_follow_the_event_then_read_profile_and_summary(
     await expect(cells.nth(0)).to_have_text("constraint")
     await expect(cells.nth(1)).to_have_text("allergy")
     await expect(page.locator("#summary-list")).to_contain_text("ui-food")
+    assert seen["foreign"] == [] and seen["errors"] == []
+    await page.close()
+
+
+# --- what a newcomer meets: tidy at desktop and phone width (issue 34) ---------------------
+
+LONG_CONVERSATION = "temporary:h6s42zjeEPi0-SrvAAAL-a-long-open-webui-chat-id"
+VIEWPORTS = {"desktop": (1000, 720), "phone": (390, 760)}
+
+
+async def seed_tidy(stack: TwoTenantStack, user: str) -> None:
+    """In a conversation with a long id: two facts and a turn, one fact edited in its
+    tags only (its history holds a version with the same text)."""
+    scope = {"user": user, "conversation": LONG_CONVERSATION}
+    a = {"Authorization": f"Bearer {TOOLS_KEY_A}"}
+    async with httpx2.AsyncClient(base_url=stack.base_url, timeout=30) as http:
+        # more than the small-store size (5), so search ranks rather than returns all
+        for text in (
+            "User's favourite tea is sencha.",
+            "User walks to the tea shop on Fridays.",
+            "User's sister lives in Kyoto.",
+            "User keeps bees on the roof.",
+            "User plays the cello badly.",
+            "User's kettle is blue.",
+        ):
+            created = await http.post(
+                "/v1/memories", json={"text": text, "tags": ["tea"], **scope}, headers=a
+            )
+            assert created.status_code == 201, created.text
+        listed = await http.get("/v1/memories", params={"user": user, "kind": "fact"}, headers=a)
+        tea = listed.json()["data"]
+        (sencha,) = [m for m in tea if "sencha" in m["text"]]
+        tagged = await http.patch(
+            f"/v1/memories/{sencha['id']}", json={"tags": ["tea", "green"]}, headers=a
+        )
+        assert tagged.status_code == 200, tagged.text
+
+
+async def right_edge(locator: Any) -> float:
+    box = await locator.bounding_box()
+    assert box is not None
+    return float(box["x"] + box["width"])
+
+
+@pytest.mark.parametrize("viewport", list(VIEWPORTS))
+async def test_tidy_views_at_desktop_and_phone_width(
+    two_tenant_stack: TwoTenantStack, browser: Browser, tmp_path: Path, viewport: str
+) -> None:
+    """A long conversation id keeps its count in view; a tags-only edit's history says
+    what changed; a status message stays with its view; search says why facts come first
+    and shows each hit's rank; the score table is whole at phone width."""
+    base = two_tenant_stack.base_url
+    user = f"ui-tidy-{viewport}"
+    await seed_tidy(two_tenant_stack, user)
+    width, height = VIEWPORTS[viewport]
+    context = await browser.new_context(
+        viewport={"width": width, "height": height}, is_mobile=viewport == "phone"
+    )
+    page = await context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    seen = watch(page, base)
+    shots = screenshot_dir(tmp_path / "screens")
+    await sign_in(page, base)
+
+    # the long conversation id is cut with an ellipsis; its count stays inside the button
+    await page.locator("#user-list").get_by_role("button", name=user).click()
+    scope = page.locator("#conversation-list button").filter(has_text="temporary:")
+    await expect(scope).to_have_attribute("title", LONG_CONVERSATION)
+    count = scope.locator(".count")
+    await expect(count).to_be_visible()
+    await expect(count).to_have_text(re.compile(r"^\d+$"))  # the facts and their summary
+    assert await right_edge(count) <= await right_edge(scope) + 0.5
+    assert await right_edge(scope) <= width
+    await snap(page, shots, f"ui-scopes-{viewport}.png")
+
+    # a tags-only edit: the history shows the tag added and says the text is unchanged
+    await scope.click()
+    await expect(page.locator("#memory-list .item")).not_to_have_count(0)
+    await (
+        page.locator("#memory-list")
+        .get_by_role("link", name="User's favourite tea is sencha.")
+        .click()
+    )
+    await expect(page.locator("#memory-text")).to_have_text("User's favourite tea is sencha.")
+    await page.get_by_role("button", name="Show history").click()
+    version = page.locator("#history-list li")
+    await expect(version).to_have_count(1)
+    await expect(version.locator(".tag-diff ins")).to_have_text("+green")
+    await expect(version.locator(".text-diff")).to_have_count(0)
+    await expect(version.locator(".tag-diff")).to_contain_text("(were: tea)")
+    # then a text edit: the words removed and added
+    await page.get_by_label("Text", exact=True).fill("User's favourite tea is gyokuro.")
+    await page.get_by_role("button", name="Save").click()
+    await expect(page.locator("#status")).to_contain_text("Saved")
+    await expect(page.locator("#memory-text")).to_have_text("User's favourite tea is gyokuro.")
+    await page.get_by_role("button", name="Show history").click()
+    newest = page.locator("#history-list li").last
+    await expect(newest.locator(".text-diff del")).to_have_text("sencha.")
+    await expect(newest.locator(".text-diff ins")).to_have_text("gyokuro.")
+    await snap(page, shots, f"ui-history-{viewport}.png", full_page=True)
+
+    # "Saved…" belongs to the memory it is about: another view starts without it
+    await page.get_by_role("link", name="Search", exact=True).click()
+    await expect(page.locator("#view-search")).to_be_visible()
+    await expect(page.locator("#status")).to_have_text("")
+
+    # search: the order is explained and each hit's rank by score is shown
+    view = page.locator("#view-search")
+    await view.get_by_label("Query").fill("Which tea does the user like?")
+    await view.get_by_label("User").fill(user)
+    await view.get_by_label("Conversation").fill(LONG_CONVERSATION)
+    await view.get_by_role("button", name="Search", exact=True).click()
+    hits = page.locator("#search-hits li")
+    await expect(hits.first).to_be_visible()
+    outcome = page.locator("#search-outcome")
+    await expect(outcome).to_contain_text("Ranked")
+    await expect(outcome).to_contain_text("reading order")
+    await expect(hits.first.locator(".rank")).to_have_text(re.compile(r"^rank \d+$"))
+    # every score of the first hit is on screen, labelled, none cut off
+    cells = hits.first.locator("table.scores td")
+    await expect(cells).to_have_count(6)
+    for index, name in enumerate(("dense", "sparse", "relevance", "recency", "total", "mmr")):
+        cell = cells.nth(index)
+        await expect(cell).to_be_visible()
+        await expect(cell).to_have_attribute("data-label", name)
+        assert await right_edge(cell) <= width, name
+        assert await cell.evaluate("c => c.scrollWidth <= c.clientWidth"), f"{name} overflows"
+    assert await page.evaluate("document.documentElement.scrollWidth") <= width
+    await snap(page, shots, f"ui-search-{viewport}.png", full_page=True)
+
+    assert seen["foreign"] == [] and seen["errors"] == []
+    await context.close()
+
+
+async def test_operator_panel_reads_the_real_queues_with_an_admin_key_only(
+    two_tenant_stack: TwoTenantStack, browser: Browser, tmp_path: Path
+) -> None:
+    """The operator panel against the real gateway and NATS: an admin key sees the
+    workers' consumers; a tenant's key is told it needs one, and the status message does
+    not follow it to the next view."""
+    base = two_tenant_stack.base_url
+    page = await browser.new_page(viewport={"width": 1000, "height": 720})
+    page.set_default_timeout(TIMEOUT_MS)
+    seen = watch(page, base)
+    await sign_in(page, base)
+    await page.get_by_role("link", name="Operator").click()
+    await expect(page.locator("#status")).to_contain_text("needs an admin key")
+    await page.get_by_role("link", name="Search", exact=True).click()
+    await expect(page.locator("#status")).to_have_text("")
+
+    await page.get_by_role("button", name="Sign out").click()
+    await page.get_by_label("Engram API key").fill(TOOLS_ADMIN_KEY)
+    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("link", name="Operator").click()
+    workers = page.locator("#consumers-table tbody tr td:first-child")
+    await expect(workers).to_contain_text(["ingest", "reconcile", "summarize"])
+    await expect(page.locator("#status")).to_have_text("")
+    await snap(page, screenshot_dir(tmp_path / "screens"), "ui-operator.png")
     assert seen["foreign"] == [] and seen["errors"] == []
     await page.close()

@@ -22,7 +22,7 @@ function h(tag, attrs = {}, ...children) {
     else if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
     else el.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -45,10 +45,17 @@ function tagsFrom(input) {
   return input.split(",").map((t) => t.trim()).filter(Boolean);
 }
 
-function say(message, bad = false) {
+// A status message belongs to the view it is about ("Deleted…" to the list the delete
+// returns to); showing any other view clears it. ANY_VIEW: the next view shown, whichever.
+const ANY_VIEW = "*";
+let shownView = null;
+let statusView = null;
+
+function say(message, bad = false, view = shownView) {
   const status = $("status");
   status.textContent = message;
   status.classList.toggle("bad", bad);
+  statusView = view;
 }
 
 function memoryLink(memory) {
@@ -147,7 +154,7 @@ async function start() {
     auth.needsKey = false;
   } catch (error) {
     if (!(error instanceof ApiError) || error.status !== 401) {
-      say(error.message, true);
+      say(error.message, true, ANY_VIEW);
     }
   }
   if (auth.needsKey && auth.key) {
@@ -183,17 +190,20 @@ async function signIn(event) {
   }
   auth.key = key;
   $("api-key").value = "";
-  say("Signed in.");
+  say("Signed in.", false, "memories");
   window.location.hash = "#/memories";
 }
 
 function signOut() {
   auth.key = "";
-  say("Signed out.");
+  say("Signed out.", false, "signin");
   showSignIn();
 }
 
 function showView(name) {
+  if (statusView === ANY_VIEW) statusView = name;
+  else if (statusView !== name) say("", false, null);
+  shownView = name;
   for (const view of VIEWS) $(`view-${view}`).hidden = view !== name;
   const tab = name === "memory" ? "memories" : name;
   for (const link of $("tabs").querySelectorAll("a")) {
@@ -300,14 +310,17 @@ async function loadConversations() {
   );
 }
 
+// A long id (Open WebUI's "temporary:h6s42zjeEPi0-SrvAAAL") is cut with an ellipsis,
+// whole in its tooltip, so the count beside it always stays in view.
 function scopeButton(label, count, pressed, choose) {
+  const full = typeof label === "string" ? label : label.textContent;
   return h(
     "li",
     {},
     h(
       "button",
-      { type: "button", "aria-pressed": String(pressed), onclick: choose },
-      h("span", {}, label),
+      { type: "button", "aria-pressed": String(pressed), onclick: choose, title: full },
+      h("span", { class: "label" }, label),
       h("span", { class: "count", "aria-label": `${count} memories` }, count),
     ),
   );
@@ -375,13 +388,17 @@ async function search(event) {
   if ($("s-top-k").value) body.memory_top_k = Number($("s-top-k").value);
   const found = await api("POST", "/v1/memories/search", { body });
   const outcomes = {
-    ranked: "Ranked by relevance, recency and diversity (MMR).",
+    ranked:
+      "Ranked by relevance, recency and diversity (MMR), then shown in reading order: a current " +
+      "fact before the turns it came from and before turns about as relevant. " +
+      "“rank” is a hit's place by score.",
     small_store: "Few memories in scope: all of them, newest first.",
     nothing_relevant: "Nothing passed the relevance threshold.",
     empty: "Nothing is stored in this scope.",
   };
   $("search-outcome").textContent = `${found.hits.length} hit(s). ${outcomes[found.outcome] || found.outcome}`;
-  $("search-hits").replaceChildren(...found.hits.map(hitItem));
+  const byScore = [...found.hits].sort((a, b) => b.score - a.score);
+  $("search-hits").replaceChildren(...found.hits.map((hit) => hitItem(hit, byScore.indexOf(hit) + 1)));
   const context = [];
   if (found.summary) {
     context.push(h("div", { class: "card" }, h("h3", {}, "Conversation summary"), h("p", {}, found.summary.text)));
@@ -399,12 +416,17 @@ async function search(event) {
   $("search-context").replaceChildren(...context);
 }
 
-function hitItem(hit) {
+function hitItem(hit, rank) {
+  // data-label: at phone width the row wraps into labelled cells (app.css), none cut off
   const table = h(
     "table",
     { class: "scores", "aria-label": "Score breakdown" },
     h("thead", {}, h("tr", {}, SCORE_NAMES.map((name) => h("th", { scope: "col" }, name)))),
-    h("tbody", {}, h("tr", {}, SCORE_NAMES.map((name) => h("td", { class: "num" }, score(hit.scores[name]))))),
+    h(
+      "tbody",
+      {},
+      h("tr", {}, SCORE_NAMES.map((name) => h("td", { class: "num", "data-label": name }, score(hit.scores[name])))),
+    ),
   );
   return h(
     "li",
@@ -414,6 +436,7 @@ function hitItem(hit) {
       "p",
       { class: "meta" },
       kindBadge(hit.kind),
+      h("span", { class: "rank" }, `rank ${rank}`),
       h("span", {}, `scope: ${hit.scope || "—"}`),
       h("span", {}, `score ${score(hit.score)}`),
       h("span", {}, scopeOf(hit)),
@@ -480,19 +503,81 @@ function field(name, value) {
 async function loadHistory() {
   const history = await api("GET", `/v1/memories/${current.id}/history`);
   const list = $("history-list");
-  list.replaceChildren(...history.data.map(versionItem));
+  // oldest first: each version was replaced by the next one, the last by the memory itself
+  const successors = [...history.data.slice(1), current];
+  list.replaceChildren(...history.data.map((version, i) => versionItem(version, successors[i])));
   if (!history.data.length) list.append(h("li", { class: "hint" }, "No earlier versions: it was never changed."));
   $("history-load").hidden = true;
   list.focus();
 }
 
-function versionItem(version) {
+// Words of two texts as kept (" x"), removed ("-x") or added ("+x"): a longest common
+// subsequence over words, enough for memory texts (at most a few thousand words).
+function wordDiff(before, after) {
+  const a = before.split(/(\s+)/);
+  const b = after.split(/(\s+)/);
+  const common = Array.from({ length: a.length + 1 }, () => new Array(b.length + 1).fill(0));
+  for (let i = a.length - 1; i >= 0; i--) {
+    for (let j = b.length - 1; j >= 0; j--) {
+      common[i][j] = a[i] === b[j] ? common[i + 1][j + 1] + 1 : Math.max(common[i + 1][j], common[i][j + 1]);
+    }
+  }
+  const parts = [];
+  let i = 0;
+  let j = 0;
+  while (i < a.length || j < b.length) {
+    if (i < a.length && j < b.length && a[i] === b[j]) {
+      parts.push([" ", a[i]]);
+      i += 1;
+      j += 1;
+    } else if (i < a.length && (j === b.length || common[i + 1][j] >= common[i][j + 1])) {
+      parts.push(["-", a[i]]); // removed words before the ones that replace them
+      i += 1;
+    } else {
+      parts.push(["+", b[j]]);
+      j += 1;
+    }
+  }
+  return parts;
+}
+
+// What the change that ended ``version`` did: its text as a word diff, tags added/removed.
+function changeOf(version, successor) {
+  const changes = [];
+  if (successor && successor.text !== version.text) {
+    const words = wordDiff(version.text, successor.text).map(([op, word]) =>
+      op === "+" ? h("ins", {}, word) : op === "-" ? h("del", {}, word) : word,
+    );
+    changes.push(h("p", { class: "diff text-diff" }, h("span", { class: "what" }, "text: "), words));
+  }
+  const before = new Set(version.tags);
+  const after = new Set(successor ? successor.tags : version.tags);
+  const added = [...after].filter((tag) => !before.has(tag));
+  const removed = [...before].filter((tag) => !after.has(tag));
+  if (added.length || removed.length) {
+    changes.push(
+      h(
+        "p",
+        { class: "diff tag-diff" },
+        h("span", { class: "what" }, "tags: "),
+        added.map((tag) => [h("ins", {}, `+${tag}`), " "]),
+        removed.map((tag) => [h("del", {}, `−${tag}`), " "]),
+        h("span", { class: "hint" }, `(were: ${version.tags.join(", ") || "none"})`),
+      ),
+    );
+  }
+  if (!changes.length) changes.push(h("p", { class: "diff hint" }, "Neither text nor tags changed."));
+  return changes;
+}
+
+function versionItem(version, successor) {
   const how = version.metadata.history_of ? "edited" : "superseded by a newer memory";
   const metadata = Object.entries(version.metadata).map(([k, v]) => `${k}=${v}`).join(", ");
   return h(
     "li",
     { class: "item" },
     h("p", { class: "text" }, version.text),
+    changeOf(version, successor),
     h(
       "p",
       { class: "meta" },
@@ -533,7 +618,8 @@ async function saveMemory(event) {
 
 async function deleteMemory() {
   const gone = await api("DELETE", `/v1/memories/${current.id}`);
-  say(`Deleted ${gone.deleted_ids.length} memor${gone.deleted_ids.length === 1 ? "y" : "ies"} (with its history).`);
+  const count = gone.deleted_ids.length;
+  say(`Deleted ${count} memor${count === 1 ? "y" : "ies"} (with its history).`, false, "memories");
   current = null;
   window.location.hash = "#/memories";
 }
@@ -550,7 +636,7 @@ async function rememberFact(event) {
   };
   const memory = await api("POST", "/v1/memories", { body });
   $("fact-text").value = "";
-  say("Remembered.");
+  say("Remembered.", false, "memory");
   window.location.hash = `#/memory/${memory.id}`;
 }
 
@@ -570,7 +656,7 @@ async function learn(event) {
   known.unshift(...accepted.event_ids.map((id, i) => ({ id, text: clip(texts[i], 80), added: now })));
   sessionStorage.setItem(EVENTS_STORAGE, JSON.stringify(known.slice(0, 100)));
   $("learn-text").value = "";
-  say(`Accepted ${accepted.event_ids.length} text(s) for learning.`);
+  say(`Accepted ${accepted.event_ids.length} text(s) for learning.`, false, "events");
   window.location.hash = "#/events";
 }
 
