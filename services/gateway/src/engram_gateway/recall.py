@@ -301,14 +301,15 @@ def _hit_line(number: int, memory: MemoryRecord) -> str:
 
 def _neighbours(a: MemoryRecord, b: MemoryRecord) -> bool:
     """Turns said one after the other in one conversation on one day: read together."""
+    # cheapest tests first: a budget compares every kept hit with every new one
     return (
         a.kind == b.kind == "turn"
+        and abs(a.turn_index - b.turn_index) == 1
+        and a.conversation_id == b.conversation_id
+        and a.user_id == b.user_id
         and not is_corrected(a.metadata)
         and not is_corrected(b.metadata)
-        and a.user_id == b.user_id
-        and a.conversation_id == b.conversation_id
         and _day(a.created_at) == _day(b.created_at)
-        and abs(a.turn_index - b.turn_index) == 1
     )
 
 
