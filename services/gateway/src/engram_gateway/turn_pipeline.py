@@ -45,10 +45,11 @@ from engram_core.genai import LlmCall
 from engram_core.logging import get_logger
 from engram_core.memory import GLOBAL_CONVERSATION, is_tenant_wide
 from engram_gateway.bodies import check_text_size, parse_json_object, read_body
-from engram_gateway.client_hints import apply_client_hints
+from engram_gateway.client_hints import Bypass, apply_client_hints
 from engram_gateway.controls import (
     BODY_PREFIX,
     HEADER_FOR_FIELD,
+    MemoryControls,
     chat_user,
     split_memory_controls,
 )
@@ -56,6 +57,7 @@ from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError, bad_request
 from engram_gateway.recall import MEMORY_HEADER, MemoryStatus, Recall, recall, search_query
 from engram_gateway.server_timing import HEADER as SERVER_TIMING_HEADER
 from engram_gateway.server_timing import ServerTiming
+from engram_gateway.settings import GatewaySettings
 from engram_gateway.state import GatewayState, request_id
 from engram_gateway.turns import TurnNotPersisted, TurnScope
 from engram_gateway.upstream import Upstream, response_headers
@@ -209,8 +211,69 @@ def not_recorded(what: str) -> GatewayError:
 
 async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: str) -> Response:
     """One chat turn of ``api``, from the request to the response (see the module)."""
-    settings = state.settings
     timing = ServerTiming.of(request)
+    prepared = await _prepare(api, request, state.settings, tenant)
+    memory = await _recall(api, prepared, state, timing)
+    _log_request(api, prepared, memory)
+    if prepared.record and not await state.publisher.wait_connected():
+        # Known before forwarding: do not spend the upstream's work on a reply that
+        # would be withheld. A client that is reconnecting (a NATS node lost) is given
+        # the publish retries' time to get there first.
+        log.error("turn.user_not_recordable", reason="NATS not connected", then="request refused")
+        raise not_recorded("the request was not sent to the model")
+
+    reply_headers = {MEMORY_HEADER: memory.status.value}
+    if memory.status is not MemoryStatus.BYPASSED:
+        reply_headers[HITS_HEADER] = str(len(memory.hits))
+    exchange = _Exchange(
+        api=api,
+        state=state,
+        request=request,
+        scope=prepared.scope,
+        body=prepared.body,
+        timing=timing,
+        record=prepared.record,
+        stream=prepared.turn.stream,
+        headers=reply_headers,
+        hits=memory.hits if memory.status is not MemoryStatus.BYPASSED else None,
+        prompt=prepared.query,
+        user_hint=prepared.turn.user,
+    )
+    chunks = exchange.run()
+    await anext(chunks)  # forwarded, the user turn recorded: the response's head is known
+    head = exchange.head
+    if not prepared.turn.stream:
+        with suppress(StopAsyncIteration):
+            await anext(chunks)  # ends the span
+        return Response(
+            head.body, status_code=head.status, headers=head.headers, media_type=head.media_type
+        )
+    return StreamingResponse(
+        chunks, status_code=head.status, headers=head.headers, media_type=head.media_type
+    )
+
+
+@dataclass
+class _Prepared:
+    """A request read: its controls applied, its turn and whose it is."""
+
+    body: dict[str, Any]  # what goes upstream (the controls removed; memory not yet added)
+    turn: Turn
+    query: str  # the person's words, trimmed
+    controls: MemoryControls
+    bypass: Bypass | None
+    scope: TurnScope
+
+    @property
+    def record(self) -> bool:
+        return self.controls.enabled and bool(self.query)
+
+
+async def _prepare(
+    api: ChatApi, request: Request, settings: GatewaySettings, tenant: str
+) -> _Prepared:
+    """Controls: the body read, the memory controls validated and removed, the turn read
+    by the API's adapter, and the checks that refuse a turn before anything is sent."""
     body = parse_json_object(await read_body(request, settings.gateway_max_body_bytes))
     headers: Mapping[str, str] = request.headers
     if api.controls_in_metadata:
@@ -244,75 +307,48 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
             param="memory_id",
             code="invalid_memory_control",
         )
-    if not controls.enabled:
-        memory = Recall(MemoryStatus.BYPASSED)
-    elif not query:
-        # Nothing to search for and nothing to record (no user text: an image only, say).
-        memory = Recall(MemoryStatus.EMPTY)
-    else:
-        search = search_query(
-            tenant=scope.tenant, query=query, user_id=scope.user_id, controls=controls
-        )
-        # The request's own messages are the short-term window: hits repeating them are
-        # dropped.
-        with timing.measure("recall"):
-            memory = await recall(state.memories, search, messages=turn.window)
-        if memory.system_message is not None:
-            forwarded = api.inject(forwarded, turn, memory.system_message["content"])
+    return _Prepared(forwarded, turn, query, controls, bypass, scope)
 
-    reply_headers = {MEMORY_HEADER: memory.status.value}
-    if memory.status is not MemoryStatus.BYPASSED:
-        reply_headers[HITS_HEADER] = str(len(memory.hits))
+
+async def _recall(
+    api: ChatApi, prepared: _Prepared, state: GatewayState, timing: ServerTiming
+) -> Recall:
+    """Recall and inject: what memory holds for the turn, placed by the adapter into
+    ``prepared.body``."""
+    if not prepared.controls.enabled:
+        return Recall(MemoryStatus.BYPASSED)
+    if not prepared.query:
+        # Nothing to search for and nothing to record (no user text: an image only, say).
+        return Recall(MemoryStatus.EMPTY)
+    scope = prepared.scope
+    search = search_query(
+        tenant=scope.tenant, query=prepared.query, user_id=scope.user_id, controls=prepared.controls
+    )
+    # The request's own messages are the short-term window: hits repeating them are
+    # dropped.
+    with timing.measure("recall"):
+        memory = await recall(state.memories, search, messages=prepared.turn.window)
+    if memory.system_message is not None:
+        prepared.body = api.inject(prepared.body, prepared.turn, memory.system_message["content"])
+    return memory
+
+
+def _log_request(api: ChatApi, prepared: _Prepared, memory: Recall) -> None:
     log.info(
         "chat.request",
         api=api.name,
-        model=scope.model,
-        stream=turn.stream,
+        model=prepared.scope.model,
+        stream=prepared.turn.stream,
         memory=memory.status.value,
         hits=len(memory.hits),
-        conversation_id=scope.conversation_id,
-        **({"bypass": bypass.value} if bypass else {}),
+        conversation_id=prepared.scope.conversation_id,
+        **({"bypass": prepared.bypass.value} if prepared.bypass else {}),
     )
     trace.get_current_span().set_attributes(
         {
             semconv.ENGRAM_MEMORY_STATUS: memory.status.value,
             semconv.ENGRAM_MEMORY_HITS: len(memory.hits),
         }
-    )
-
-    record = controls.enabled and bool(query)
-    if record and not await state.publisher.wait_connected():
-        # Known before forwarding: do not spend the upstream's work on a reply that
-        # would be withheld. A client that is reconnecting (a NATS node lost) is given
-        # the publish retries' time to get there first.
-        log.error("turn.user_not_recordable", reason="NATS not connected", then="request refused")
-        raise not_recorded("the request was not sent to the model")
-
-    exchange = _Exchange(
-        api=api,
-        state=state,
-        request=request,
-        scope=scope,
-        body=forwarded,
-        timing=timing,
-        record=record,
-        stream=turn.stream,
-        headers=reply_headers,
-        hits=memory.hits if memory.status is not MemoryStatus.BYPASSED else None,
-        prompt=query,
-        user_hint=turn.user,
-    )
-    chunks = exchange.run()
-    await anext(chunks)  # forwarded, the user turn recorded: the response's head is known
-    head = exchange.head
-    if not turn.stream:
-        with suppress(StopAsyncIteration):
-            await anext(chunks)  # ends the span
-        return Response(
-            head.body, status_code=head.status, headers=head.headers, media_type=head.media_type
-        )
-    return StreamingResponse(
-        chunks, status_code=head.status, headers=head.headers, media_type=head.media_type
     )
 
 

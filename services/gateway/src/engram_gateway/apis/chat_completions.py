@@ -69,6 +69,15 @@ def optional_string(value: Any, param: str) -> str | None:
     return value
 
 
+def system_message_before_question(body: dict[str, Any], turn: Turn, memory: str) -> dict[str, Any]:
+    """The body with one system message right before ``messages[turn.anchor]`` (a prefix
+    the upstream can cache stays as it was)."""
+    if turn.anchor is None:
+        return body
+    message = {"role": "system", "content": memory}
+    return {**body, "messages": inject(body["messages"], turn.anchor, message)}
+
+
 def assistant_text(payload: dict[str, Any]) -> str:
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices:
@@ -101,10 +110,7 @@ class ChatCompletions:
         )
 
     def inject(self, body: dict[str, Any], turn: Turn, memory: str) -> dict[str, Any]:
-        if turn.anchor is None:
-            return body
-        message = {"role": "system", "content": memory}
-        return {**body, "messages": inject(body["messages"], turn.anchor, message)}
+        return system_message_before_question(body, turn, memory)
 
     async def forward(
         self, upstream: Upstream, body: dict[str, Any], headers: Mapping[str, str], *, stream: bool

@@ -23,7 +23,7 @@ import httpx2
 from starlette.responses import JSONResponse, Response
 
 from engram_core.genai import LlmCall
-from engram_gateway.apis.chat_completions import ChatCompletions, require_model
+from engram_gateway.apis.chat_completions import require_model, system_message_before_question
 from engram_gateway.errors import GatewayError, bad_request
 from engram_gateway.recall import conversation_position, latest_user_index, message_text
 from engram_gateway.sse import NdjsonLines, with_first_line_field
@@ -102,7 +102,7 @@ class OllamaChat:
         )
 
     def inject(self, body: dict[str, Any], turn: Turn, memory: str) -> dict[str, Any]:
-        return ChatCompletions().inject(body, turn, memory)
+        return system_message_before_question(body, turn, memory)
 
     async def forward(
         self, upstream: Upstream, body: dict[str, Any], headers: Mapping[str, str], *, stream: bool
