@@ -81,3 +81,16 @@ async def test_a_checked_tree_is_not_scanned_again(tmp_path: Path) -> None:
     await start_and_stop(root)
     assert stray.is_file()
     assert git_log(root) == ["mirror: initialise"]
+
+
+async def test_nothing_is_moved_into_a_symlinked_user_folder(tmp_path: Path) -> None:
+    root, outside = tmp_path / "mirror", tmp_path / "outside"
+    outside.mkdir()
+    alice = fact("44444444-4444-4444-8444-444444444444", "I like tea.", "alice")
+    legacy = write(root, "acme/c1/facts/tea.md", render(alice, "acme"))
+    (root / "acme/@alice").symlink_to(outside, target_is_directory=True)
+
+    await start_and_stop(root)
+
+    assert legacy.read_text() == render(alice, "acme")  # left in place, and said
+    assert list(outside.rglob("*")) == []

@@ -9,6 +9,9 @@ level. At start-up the mirror moves every file there whose front matter names a 
 that holds no such file is left alone, so a second start moves nothing; once a tree is
 in the new layout a marker in ``.git/`` spares later starts the scan.
 
+Nothing is moved through a symlink (:mod:`engram_workers.mirror.no_follow`): a file
+whose new place lies in a symlinked folder is left in place and reported.
+
 Crash safety: the moves are journaled like any other write of the mirror, so a crash
 between the moves and the commit leaves the mirror's own uncommitted changes, which
 the next start commits, never edits to publish. Files that do not parse stay where
@@ -18,7 +21,6 @@ they are (the watcher reports them when they change).
 from __future__ import annotations
 
 import asyncio
-import os
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -34,6 +36,7 @@ from engram_core.mirror_format import (
     tombstone_path,
 )
 from engram_workers.mirror.git import GitError, GitRepo
+from engram_workers.mirror.no_follow import UnsafePath, move_file, read_file
 from engram_workers.mirror.tree import PendingChanges
 
 log = get_logger(__name__)
@@ -68,7 +71,11 @@ def plan_migration(root: Path) -> MigrationPlan:
         if target is None:
             continue
         move = Move(rel, target)
-        existing = _read(root / target)
+        try:
+            existing = read_file(root, target)
+        except UnsafePath:  # a symlinked @user folder, say: never moved into
+            plan.conflicts.append(move)
+            continue
         taken = existing is not None and existing != (root / rel).read_bytes()
         if taken or target in targets:
             plan.conflicts.append(move)
@@ -110,19 +117,10 @@ def _may_name_a_user(path: Path) -> bool:
     return False
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-
-
 def move_files(root: Path, moves: list[Move]) -> None:
     """Rename each file into place and drop the directories left empty (blocking)."""
     for move in moves:
-        target = root / move.target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(root / move.source, target)
+        move_file(root, move.source, move.target)
         _remove_empty_parents(root, PurePosixPath(move.source).parent)
 
 
@@ -151,7 +149,8 @@ async def migrate_layout(root: Path, git: GitRepo, pending: PendingChanges) -> d
             "mirror.migration_conflict",
             path=conflict.source,
             target=conflict.target,
-            hint="another file already holds this memory in the new layout; left in place",
+            hint="another file already holds this memory in the new layout, or a folder on "
+            "the way is a symlink (never followed); left in place",
         )
     if not plan.moves:
         _mark_done(marker, plan)

@@ -23,7 +23,15 @@ from contextlib import contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-__all__ = ["UnsafePath", "UnsafeReason", "is_regular", "read_file", "remove_file", "write_file"]
+__all__ = [
+    "UnsafePath",
+    "UnsafeReason",
+    "is_regular",
+    "move_file",
+    "read_file",
+    "remove_file",
+    "write_file",
+]
 
 UnsafeReason = Literal["symlink", "special_file"]
 
@@ -195,3 +203,18 @@ def remove_file(root: Path, rel: str) -> bool:
         except (FileNotFoundError, IsADirectoryError):
             return False
     return True
+
+
+def move_file(root: Path, source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` (replacing it), creating ``target``'s folders;
+    :class:`UnsafePath` when a folder on either path is a symlink or ``source`` is not a
+    regular file."""
+    with _directory(root, source, create=False) as source_dir:
+        if source_dir is None:
+            raise FileNotFoundError(source)
+        name = _parts(source)[-1]
+        if not stat.S_ISREG(os.stat(name, dir_fd=source_dir, follow_symlinks=False).st_mode):
+            raise UnsafePath(source, "special_file", source)
+        with _directory(root, target, create=True) as target_dir:
+            assert target_dir is not None  # create=True makes every folder
+            os.replace(name, _parts(target)[-1], src_dir_fd=source_dir, dst_dir_fd=target_dir)
