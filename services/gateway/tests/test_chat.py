@@ -141,6 +141,27 @@ async def test_streaming_request_fields_reach_upstream_unchanged(
 # --- memory --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("outcome", "marked"),
+    [(pb.SEARCH_OUTCOME_SMALL_STORE, True), (pb.SEARCH_OUTCOME_RANKED, False)],
+)
+async def test_hits_of_a_small_store_say_they_are_all_memories_not_relevant_ones(
+    client: httpx2.AsyncClient,
+    fake_retrieval: Any,
+    hit: Callable[..., pb.SearchHit],
+    outcome: int,
+    marked: bool,
+) -> None:
+    """A small store's hits come back whatever their relevance (0.003, say): each says
+    so, so that a reader of memory_hits does not take them for relevant ones."""
+    fake_retrieval.response = pb.SearchResponse(
+        outcome=outcome, hits=[hit("User's cat is Miso.", total=0.003)]
+    )
+    response = await client.post(CHAT, json=chat_body())
+    (entry,) = response.json()["memory_hits"]
+    assert entry.get("recalled") == ("small store: all memories" if marked else None)
+
+
 async def test_memory_is_injected_right_before_the_latest_user_message(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,

@@ -190,7 +190,7 @@ async def recall(
     today = now or datetime.now(UTC)
     if budget:
         result.hits = within_budget(result, budget, now=today, in_window=dropped)
-    hits = [hit_json(hit) for hit in result.hits]
+    hits = [hit_json(hit, small_store=outcome == "small_store") for hit in result.hits]
     text = render_memory(result, now=today, in_window=dropped)
     if text is None:
         return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome)
@@ -243,8 +243,14 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-def hit_json(hit: SearchHit) -> dict[str, Any]:
-    """One entry of ``memory_hits``."""
+#: What a hit of a small store says of itself: it was recalled because the scope holds so
+#: few memories that all of them are (its relevance may be near 0), not for being relevant.
+SMALL_STORE_HIT = "small store: all memories"
+
+
+def hit_json(hit: SearchHit, *, small_store: bool = False) -> dict[str, Any]:
+    """One entry of ``memory_hits``; ``small_store``: the search returned every memory
+    of the scope (outcome ``small_store``), which the entry says (``recalled``)."""
     memory, scores = hit.memory, hit.scores
     entry: dict[str, Any] = {
         "id": memory.id,
@@ -267,6 +273,8 @@ def hit_json(hit: SearchHit) -> dict[str, Any]:
         entry["role"] = memory.role
     if is_corrected(memory.metadata):
         entry["corrected_at"] = memory.metadata[CORRECTED_AT]
+    if small_store:
+        entry["recalled"] = SMALL_STORE_HIT
     return entry
 
 
