@@ -252,6 +252,8 @@ class EditWatcher:
                 except UnsafePath as exc:
                     self._unsafe(exc)
                     continue
+                finally:
+                    self.heartbeat.beat()  # a long batch is progress, not a stuck watcher
                 self._unsafe_reported.discard(rel)
                 sha = content_sha256(data) if data is not None else None
                 if self.tree.is_known(rel, sha):
