@@ -44,7 +44,13 @@ async def run(
                 for threshold in (None, *thresholds):
                     answers = await answer_all(client, data, key_of, threshold)
                     label = "default" if threshold is None else f"{threshold:g}"
-                    rows.append({"config": name, "threshold": label, **scores(answers)})
+                    for part, picked in (
+                        ("all", answers),
+                        ("calibration", [a for a in answers if not a.holdout]),
+                        ("held out", [a for a in answers if a.holdout]),
+                    ):
+                        row = {"config": name, "threshold": label, "questions_of": part}
+                        rows.append({**row, **scores(picked)})
                     if misses and threshold is None:
                         for a in answers:
                             if a.expected and not a.recalled & a.expected:
@@ -64,13 +70,16 @@ def _cmd_paraphrase(args: argparse.Namespace) -> int:
         print("engram bench paraphrase: --thresholds: numbers in 0..1", file=sys.stderr)
         return 2
     rows = asyncio.run(run(list(CONFIGS), thresholds, args.misses))
-    columns = ["config", "threshold", "precision", "recall", "coverage", "nothing rate"]
+    columns = ["config", "threshold", "questions", "n", "precision", "recall", "coverage"]
+    columns += ["nothing rate"]
     print_table(
         columns,
         [
             [
                 r["config"],
                 r["threshold"],
+                r["questions_of"],
+                f"{r['questions']}+{r['nothing_questions']}",
                 round(100 * r["precision"], 1),
                 round(100 * r["recall"], 1),
                 round(100 * r["coverage"], 1),

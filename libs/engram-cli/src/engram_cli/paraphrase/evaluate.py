@@ -19,13 +19,17 @@ is *right* when it is one of the question's expected memories.
 - coverage: the mean fraction of a question's expected memories among its hits (a
   category question, "who's in my family?", wants them all);
 - nothing rate: of the "nothing" questions, those answered with no hit.
+
+The set's ``holdout_questions`` and ``holdout_nothing`` were written after the decision
+was calibrated on the others: :func:`scores` of the answers whose ``holdout`` is true is
+the held-out check.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -48,13 +52,21 @@ class ParaphraseSet:
     memories: list[dict[str, Any]]
     questions: list[dict[str, Any]]
     nothing: list[str]
+    holdout_questions: list[dict[str, Any]] = field(default_factory=list)
+    holdout_nothing: list[str] = field(default_factory=list)
 
 
 def load_set() -> ParaphraseSet:
     raw = json.loads(
         resources.files("engram_cli.paraphrase").joinpath("paraphrases.json").read_text("utf-8")
     )
-    return ParaphraseSet(raw["memories"], raw["questions"], raw["nothing"])
+    return ParaphraseSet(
+        raw["memories"],
+        raw["questions"],
+        raw["nothing"],
+        raw.get("holdout_questions", []),
+        raw.get("holdout_nothing", []),
+    )
 
 
 async def store(client: RetrievalClient, data: ParaphraseSet) -> dict[str, str]:
@@ -82,6 +94,7 @@ class Answer:
     expected: frozenset[str]
     recalled: frozenset[str]  # keys of the injected hits
     outcome: str
+    holdout: bool = False
 
 
 async def ask(
@@ -107,11 +120,13 @@ async def answer_all(
 ) -> list[Answer]:
     memories = MemoryPort(client)
     answers = []
-    asked = [(q["q"], frozenset(q["expect"])) for q in data.questions]
-    asked += [(q, frozenset()) for q in data.nothing]
-    for question, expected in asked:
+    asked = [(q["q"], frozenset(q["expect"]), False) for q in data.questions]
+    asked += [(q, frozenset(), False) for q in data.nothing]
+    asked += [(q["q"], frozenset(q["expect"]), True) for q in data.holdout_questions]
+    asked += [(q, frozenset(), True) for q in data.holdout_nothing]
+    for question, expected, holdout in asked:
         recalled, outcome = await ask(memories, question, key_of, threshold)
-        answers.append(Answer(question, expected, recalled, outcome))
+        answers.append(Answer(question, expected, recalled, outcome, holdout))
     return answers
 
 
