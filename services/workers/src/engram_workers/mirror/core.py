@@ -168,17 +168,20 @@ class Mirror:
         try:
             return await self._apply(event)
         except UnsafePath as exc:
-            log.error(
-                "mirror.unsafe_path",
-                path=exc.rel,
-                component=exc.component,
-                reason=exc.reason,
-                memory_id=event.memory.id,
-                hint="not written (never through a symlink); replace it with a regular "
-                "folder, then replay the dead letter (engram dlq replay)",
-            )
-            count_skipped(exc.reason, "writer")
+            self._report_unsafe(exc, event.memory.id)
             raise
+
+    def _report_unsafe(self, exc: UnsafePath, memory_id: str) -> None:
+        log.error(
+            "mirror.unsafe_path",
+            path=exc.rel,
+            component=exc.component,
+            reason=exc.reason,
+            memory_id=memory_id,
+            hint="not written or removed (never through a symlink); replace it with a "
+            "regular folder, then replay the dead letter (engram dlq replay)",
+        )
+        count_skipped(exc.reason, "writer")
 
     async def _apply(self, event: MemoryChanged) -> str | None:
         record, tenant = event.memory, event.tenant
@@ -206,7 +209,12 @@ class Mirror:
             previous = self.tree.path_by_id.get(record.id)
             moved = False
             if previous is not None and previous != target:
-                moved = await self.tree.remove(previous)
+                try:
+                    moved = await self.tree.remove(previous)
+                except UnsafePath as exc:
+                    # Its folder became a symlink: the old file is out of reach, and the
+                    # new one is written; nothing to remove through the link.
+                    self._report_unsafe(exc, record.id)
                 self.pending.stage_only(previous, None)
             self.tree.track(target, record.id)
             self._applied_at[record.id] = event.occurred_at
