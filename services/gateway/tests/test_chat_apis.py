@@ -146,11 +146,20 @@ async def test_a_function_result_is_not_recorded_as_the_person_speaking(
             {"type": "function_call_output", "call_id": "c1", "output": "Sunny, 24 C"},
         ],
     }
-    assert (await client.post("/v1/responses", json=body)).status_code == 200
-    user, assistant = await turns(jetstream, 2)
+    for _ in range(2):  # a retry records each turn once
+        assert (await client.post("/v1/responses", json=body)).status_code == 200
+    user, *model = await turns(jetstream, 3)
     assert user.text == "Weather in Lisbon?" and "Sunny" not in user.text
-    assert user.turn_id == turn_id("default", "ana", "default", chat_turn_key(0, user.text), "user")
-    assert assistant.text == "OK."
+    key = chat_turn_key(0, user.text)
+    assert user.turn_id == turn_id("default", "ana", "default", key, "user")
+    # The call and its result: the model's turn, labelled, never the person speaking.
+    assert sorted((t.role, t.text) for t in model) == [
+        ("assistant", "OK."),
+        ("assistant", "[tool call] get_weather({}) returned: Sunny, 24 C"),
+    ]
+    tool = next(t for t in model if t.text.startswith("[tool call]"))
+    assert tool.turn_id == turn_id("default", "ana", "default", f"{key}/tool/c1", "assistant")
+    assert await jetstream.count() == 3
 
 
 async def test_responses_errors_are_openai_shaped(
@@ -239,8 +248,27 @@ async def test_a_tool_result_is_not_the_person_speaking(
         },
     ]
     assert (await client.post("/v1/messages", json=body)).status_code == 200
-    user, _ = await turns(jetstream, 2)
+    user, *model = await turns(jetstream, 3)
     assert user.text == "What is my cat called?" and user.turn_index == 2
+    assert "[tool call] get_weather({}) returned: Sunny" in [t.text for t in model]
+
+
+async def test_ollama_tool_results_are_recorded_as_the_models_labelled_turns(
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any
+) -> None:
+    body = copy.deepcopy(OLLAMA_BODY)
+    body["messages"] += [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Lisbon"}}}],
+        },
+        {"role": "tool", "content": "Sunny", "tool_name": "get_weather"},
+    ]
+    assert (await client.post("/api/chat", json=body)).status_code == 200
+    user, *model = await turns(jetstream, 3)
+    assert user.text == "What is my cat called?"
+    assert '[tool call] get_weather({"city": "Lisbon"}) returned: Sunny' in [t.text for t in model]
 
 
 async def test_messages_errors_are_anthropic_shaped(

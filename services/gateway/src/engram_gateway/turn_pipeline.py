@@ -32,7 +32,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import httpx2
@@ -92,6 +92,25 @@ class Turn:
     key: str | None = None
     #: The adapter's own note of where to inject (a message index, say).
     anchor: int | None = None
+    #: Tools the model called since the person's words and what they returned, each
+    #: labelled as such (:func:`tool_exchange_text`): recorded as the model's turns,
+    #: never as the person speaking.
+    tool_exchanges: tuple[ToolExchange, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolExchange:
+    call_id: str
+    text: str
+
+
+def tool_exchange_text(name: str, arguments: Any, result: Any) -> str:
+    """A tool call and its result as the text recorded for them."""
+
+    def shown(value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+    return f"[tool call] {name or 'a tool'}({shown(arguments)}) returned: {shown(result)}"
 
 
 class StreamReader(Protocol):
@@ -238,6 +257,7 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
         hits=memory.hits if memory.status is not MemoryStatus.BYPASSED else None,
         prompt=prepared.query,
         user_hint=prepared.turn.user,
+        tool_exchanges=prepared.turn.tool_exchanges,
     )
     chunks = exchange.run()
     await anext(chunks)  # forwarded, the user turn recorded: the response's head is known
@@ -378,6 +398,7 @@ class _Exchange:
     #: The person's words (recorded as the user turn) and the API's user field.
     prompt: str
     user_hint: str | None
+    tool_exchanges: tuple[ToolExchange, ...] = ()
     head: _Head = field(default_factory=lambda: _Head(0, {}, None))
 
     async def run(self) -> AsyncIterator[bytes]:
@@ -404,6 +425,7 @@ class _Exchange:
                 except GatewayError:
                     call.fail("turn_not_persisted")
                     raise
+                self._record_tool_exchanges()
                 self.state.user_names.remember_from(
                     self.request.headers,
                     self.scope.tenant,
@@ -449,6 +471,14 @@ class _Exchange:
             call.end()
         if self.record:
             await self._record_streamed_reply(reader, completed=completed)
+
+    def _record_tool_exchanges(self) -> None:
+        """Each tool call and its result, labelled, as a turn of the model's (its identity:
+        the person's turn and the call's id, so a retry records it once). Best effort,
+        like the reply: a failure is logged, the chat goes on."""
+        for exchange in self.tool_exchanges:
+            scope = replace(self.scope, key=f"{self.scope.key}/tool/{exchange.call_id}")
+            self.state.publisher.publish_detached(scope.event("assistant", exchange.text))
 
     async def _record_user_turn(self) -> None:
         """Publish the user turn and wait for the ack; 503 if it does not come."""

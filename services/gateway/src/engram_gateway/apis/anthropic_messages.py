@@ -34,7 +34,7 @@ from engram_gateway.apis.chat_completions import (
 from engram_gateway.errors import GatewayError, bad_request
 from engram_gateway.recall import message_text
 from engram_gateway.sse import SseEvents, json_object, with_first_event_field
-from engram_gateway.turn_pipeline import Turn
+from engram_gateway.turn_pipeline import ToolExchange, Turn, tool_exchange_text
 from engram_gateway.upstream import API_KEY_HEADER, Upstream
 
 #: HTTP status → Anthropic's error type.
@@ -56,6 +56,30 @@ def _says_something(message: Mapping[str, Any]) -> bool:
         return True
     return isinstance(content, list) and any(
         isinstance(block, dict) and block.get("type") != "tool_result" for block in content
+    )
+
+
+def _blocks(message: Any, kind: str) -> list[dict[str, Any]]:
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, dict) and block.get("type") == kind]
+
+
+def tool_exchanges(messages: list[Any]) -> tuple[ToolExchange, ...]:
+    """The ``tool_result`` blocks, each with the ``tool_use`` block it answers."""
+    calls = {block.get("id"): block for m in messages for block in _blocks(m, "tool_use")}
+    return tuple(
+        ToolExchange(
+            str(result.get("tool_use_id")),
+            tool_exchange_text(
+                calls.get(result.get("tool_use_id"), {}).get("name", ""),
+                calls.get(result.get("tool_use_id"), {}).get("input", {}),
+                message_text(result) or result.get("content", ""),
+            ),
+        )
+        for m in messages
+        for result in _blocks(m, "tool_result")
     )
 
 
@@ -164,6 +188,7 @@ class AnthropicMessages:
             window=[m for m in messages if m.get("role") in ("user", "assistant")],
             user=user,
             anchor=index,
+            tool_exchanges=tool_exchanges(messages[index + 1 :]) if index is not None else (),
         )
 
     def inject(self, body: dict[str, Any], turn: Turn, memory: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from engram_gateway.apis.chat_completions import require_model, system_message_b
 from engram_gateway.errors import GatewayError, bad_request
 from engram_gateway.recall import conversation_position, latest_user_index, message_text
 from engram_gateway.sse import NdjsonLines, with_first_line_field
-from engram_gateway.turn_pipeline import Turn
+from engram_gateway.turn_pipeline import ToolExchange, Turn, tool_exchange_text
 from engram_gateway.upstream import Upstream
 
 
@@ -38,6 +38,30 @@ def ollama_chat_url(base_url: str) -> str:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def tool_exchanges(messages: list[Any]) -> tuple[ToolExchange, ...]:
+    """The ``tool`` messages, each with the call it answers: Ollama's calls carry no id,
+    so the n-th result answers the n-th call."""
+    calls = [
+        call.get("function") or {}
+        for m in messages
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or ()
+        if isinstance(call, dict)
+    ]
+    results = [m for m in messages if m.get("role") == "tool"]
+    return tuple(
+        ToolExchange(
+            str(n),
+            tool_exchange_text(
+                (calls[n] if n < len(calls) else {}).get("name") or result.get("tool_name", ""),
+                (calls[n] if n < len(calls) else {}).get("arguments", {}),
+                result.get("content", ""),
+            ),
+        )
+        for n, result in enumerate(results)
+    )
 
 
 class OllamaStreamReader:
@@ -99,6 +123,7 @@ class OllamaChat:
             param=f"messages[{index}]",
             window=messages,
             anchor=index,
+            tool_exchanges=tool_exchanges(messages[index + 1 :]) if index is not None else (),
         )
 
     def inject(self, body: dict[str, Any], turn: Turn, memory: str) -> dict[str, Any]:

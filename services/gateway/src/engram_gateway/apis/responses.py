@@ -33,7 +33,7 @@ from engram_core.genai import LlmCall
 from engram_gateway.apis.chat_completions import optional_string, require_model, require_stream_flag
 from engram_gateway.errors import GatewayError, bad_request
 from engram_gateway.sse import SseEvents, json_object, with_first_event_field
-from engram_gateway.turn_pipeline import Turn
+from engram_gateway.turn_pipeline import ToolExchange, Turn, tool_exchange_text
 from engram_gateway.turns import chained_turn_key
 from engram_gateway.upstream import Upstream
 
@@ -59,6 +59,24 @@ def item_text(item: Mapping[str, Any]) -> str:
         if isinstance(part, dict)
         and part.get("type") in ("input_text", "output_text", "text")
         and isinstance(part.get("text"), str)
+    )
+
+
+def tool_exchanges(items: list[Any]) -> tuple[ToolExchange, ...]:
+    """The ``function_call_output`` items, each with the ``function_call`` it answers."""
+    typed = [item for item in items if isinstance(item, dict)]
+    calls = {i.get("call_id"): i for i in typed if i.get("type") == "function_call"}
+    return tuple(
+        ToolExchange(
+            str(item.get("call_id")),
+            tool_exchange_text(
+                calls.get(item.get("call_id"), {}).get("name", ""),
+                calls.get(item.get("call_id"), {}).get("arguments", ""),
+                item.get("output"),
+            ),
+        )
+        for item in typed
+        if item.get("type") == "function_call_output"
     )
 
 
@@ -167,6 +185,7 @@ class Responses:
             None,
         )
         text, position = "", 0
+        tools: tuple[ToolExchange, ...] = ()
         if latest is not None:
             where, item = messages[latest]
             text = item_text(item)
@@ -174,6 +193,7 @@ class Responses:
             position = sum(
                 1 for _, m in messages[:latest] if m.get("role") in ("user", "assistant")
             )
+            tools = tool_exchanges(items[where + 1 :])
         param = param or "input"
         return Turn(
             model=model,
@@ -184,6 +204,7 @@ class Responses:
             window=[{"content": item_text(m)} for _, m in messages],
             user=user,
             key=chained_turn_key(previous, position, text.strip()) if previous else None,
+            tool_exchanges=tools,
         )
 
     def inject(self, body: dict[str, Any], turn: Turn, memory: str) -> dict[str, Any]:
