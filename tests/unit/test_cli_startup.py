@@ -97,6 +97,6 @@ def test_a_client_command_loads_only_what_it_talks_with(argv: tuple[str, ...]) -
     assert heavy_in(modules_after(*argv)) == []
 
 
-def test_search_over_http_loads_no_generated_grpc_code() -> None:
+def test_search_over_http_loads_no_grpc() -> None:
     loaded = modules_after("search", "what do I like?")
-    assert not [m for m in loaded if m.startswith(("engram_core.grpc_gen", "engram_core.proto"))]
+    assert not [m for m in loaded if m.startswith(("grpc", "engram_core.grpc_gen", "nats"))]

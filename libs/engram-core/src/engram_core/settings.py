@@ -16,7 +16,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_core.event_loop import EventLoopChoice, uvloop_installed
-from engram_core.retry import RetrySettings
+from engram_core.retry_policy import RetrySettings
 
 DEFAULT_DATA_DIR = Path(".engram")
 #: A quarter of NATS' default max_payload (1 MiB): room for JSON escapes and a copy.
