@@ -896,7 +896,7 @@ async def test_what_counts_as_a_client_task_is_the_operators_choice(
 ) -> None:
     task = chat_body(messages=[{"role": "user", "content": TITLE_TASK}])
     unfiltered = await start_gateway(
-        gateway_task_prompt_pattern="", gateway_temporary_chat_prefix=""
+        gateway_task_prompt_pattern="", gateway_temporary_chat_prefixes=()
     )
     client = unfiltered.client()
     assert (await client.post(CHAT, json=task)).headers["x-engram-memory"] == "empty"

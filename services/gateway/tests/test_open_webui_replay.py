@@ -66,7 +66,8 @@ async def test_a_temporary_chat_is_not_remembered(
 
 def test_temporary_chat_prefixes_are_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both names Open WebUI has used by default; a comma-separated list; the deprecated
-    single-value variable, when set, is the one prefix (empty: none)."""
+    single-value variable only adds a prefix, so an old explicit 'local:' never makes
+    0.12's 'temporary:' chats remembered."""
     assert GatewaySettings().temporary_chat_prefixes == ("temporary:", "local:")
     monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES", " temp: , local:,")
     assert GatewaySettings().temporary_chat_prefixes == ("temp:", "local:")
@@ -74,9 +75,11 @@ def test_temporary_chat_prefixes_are_a_list(monkeypatch: pytest.MonkeyPatch) -> 
     assert GatewaySettings().temporary_chat_prefixes == ()
     monkeypatch.delenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES")
     monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIX", "tmp-")
-    assert GatewaySettings().temporary_chat_prefixes == ("tmp-",)
+    assert GatewaySettings().temporary_chat_prefixes == ("temporary:", "local:", "tmp-")
+    monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIX", "local:")
+    assert GatewaySettings().temporary_chat_prefixes == ("temporary:", "local:")
     monkeypatch.setenv("ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIX", "")
-    assert GatewaySettings().temporary_chat_prefixes == ()
+    assert GatewaySettings().temporary_chat_prefixes == ("temporary:", "local:")
     with pytest.raises(ValueError, match="1-200 characters"):
         GatewaySettings(gateway_temporary_chat_prefixes=("x" * 201,))
 

@@ -106,8 +106,8 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
         default=None,
         max_length=200,
         description="Deprecated, the single-value form of "
-        "ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES: when set, the one prefix instead of the "
-        "list; empty: none.",
+        "ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES: a prefix added to the list (it never "
+        "narrows it: turn the rule off with an empty ENGRAM_GATEWAY_TEMPORARY_CHAT_PREFIXES).",
     )
     gateway_task_prompt_pattern: str = Field(
         default=r"(?s)\A### Task:.*?<chat_history>",
@@ -214,10 +214,11 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
 
     @property
     def temporary_chat_prefixes(self) -> tuple[str, ...]:
-        """What starts a temporary chat's id: the list, or the deprecated single value."""
-        if self.gateway_temporary_chat_prefix is None:
-            return self.gateway_temporary_chat_prefixes
-        return (self.gateway_temporary_chat_prefix,) if self.gateway_temporary_chat_prefix else ()
+        """What starts a temporary chat's id: the list, plus the deprecated single value.
+        An old setting only adds: an explicit 'local:' from before Open WebUI 0.12 must
+        not make its 'temporary:' chats remembered."""
+        prefixes, extra = self.gateway_temporary_chat_prefixes, self.gateway_temporary_chat_prefix
+        return (*prefixes, extra) if extra and extra not in prefixes else prefixes
 
     @field_validator("gateway_task_prompt_pattern")
     @classmethod
