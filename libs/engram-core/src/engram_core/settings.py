@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_core.event_loop import EventLoopChoice, uvloop_installed
 from engram_core.retry_policy import RetrySettings
+from engram_core.urls import without_credentials
 
 DEFAULT_DATA_DIR = Path(".engram")
 #: A quarter of NATS' default max_payload (1 MiB): room for JSON escapes and a copy.
@@ -34,7 +35,7 @@ def parse_nats_urls(value: str) -> list[str]:
         raise ValueError("needs at least one nats://host:port URL")
     for url in urls:
         if not url.startswith(NATS_SCHEMES):
-            raise ValueError(f"must be nats://host:port (got {url!r})")
+            raise ValueError(f"must be nats://host:port (got {without_credentials(url)!r})")
     return urls
 
 

@@ -13,6 +13,7 @@ from pydantic_settings import NoDecode
 from engram_core.locks import LockSettingsMixin
 from engram_core.near_duplicates import NearDuplicateSettingsMixin
 from engram_core.settings import EngramSettings
+from engram_core.urls import without_credentials
 from engram_gateway.keys import KeyTable
 
 
@@ -241,9 +242,15 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
     def _http_url(cls, value: str) -> str:
         parts = urlsplit(value.strip())
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"must be an http(s) URL such as http://host:port/v1 (got {value!r})")
+            raise ValueError(
+                "must be an http(s) URL such as http://host:port/v1 "
+                f"(got {without_credentials(value)!r})"
+            )
         if parts.query or parts.fragment:
-            raise ValueError(f"must not carry a query or fragment (got {value!r})")
+            raise ValueError(
+                f"must not carry a query or fragment (got {without_credentials(value)!r}, "
+                "shown without them)"
+            )
         return value.strip().rstrip("/")
 
     @field_validator("llm_api_key")

@@ -39,13 +39,13 @@ import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
 from openai import APIConnectionError, APIStatusError, APITimeoutError, AsyncOpenAI, Omit
 from starlette.responses import Response
 
 from engram_core.logging import get_logger
+from engram_core.urls import without_credentials
 from engram_gateway.errors import UPSTREAM_ERROR, GatewayError, error_body
 from engram_gateway.settings import GatewaySettings
 
@@ -188,12 +188,7 @@ def _upstream_message(response: httpx2.Response) -> str:
     return response.text.strip()[:500]
 
 
-def url_without_credentials(url: str) -> str:
-    """``url`` as it may be shown and logged: no ``user:password@``, no query (a key may
-    ride there), no fragment."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+url_without_credentials = without_credentials  # what messages and logs name
 
 
 def upstream_failed(status: int | None, detail: str, url: str = "") -> GatewayError:

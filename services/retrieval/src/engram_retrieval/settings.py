@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from engram_core.settings import EngramSettings
+from engram_core.urls import without_credentials
 
 RERANKER_FILES = ("model.onnx", "tokenizer.json")
 EMBEDDER_FILES = RERANKER_FILES
@@ -262,7 +263,7 @@ class RetrievalSettings(EngramSettings):
         if value is None:
             return None
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http(s):// URL (got {value!r})")
+            raise ValueError(f"must be an http(s):// URL (got {without_credentials(value)!r})")
         return value
 
     @field_validator("qdrant_path")
@@ -290,7 +291,7 @@ class RetrievalSettings(EngramSettings):
         if value is None:
             return None
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http(s):// URL (got {value!r})")
+            raise ValueError(f"must be an http(s):// URL (got {without_credentials(value)!r})")
         return value.rstrip("/")
 
     @field_validator("embed_model_path")
