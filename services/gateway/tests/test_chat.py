@@ -652,6 +652,22 @@ async def test_unreachable_upstream_is_502(start_gateway: Any) -> None:
     assert_openai_error(response, 502, "upstream_unreachable")
 
 
+async def test_the_ready_log_names_the_upstream_and_nats_without_credentials(
+    start_gateway: Any, nats_url: str
+) -> None:
+    with structlog.testing.capture_logs() as logs:
+        await start_gateway(
+            llm_base_url=f"http://bob:s3cret@127.0.0.1:{free_port()}/v1",
+            nats_url=nats_url.replace("nats://", "nats://nina:n4ts@"),
+        )
+    (ready,) = [e for e in logs if e["event"] == "gateway.ready"]
+    assert ready["upstream"].startswith("http://127.0.0.1:")
+    assert ready["nats"] == nats_url
+    assert "s3cret" not in json.dumps(logs, default=str) and "n4ts" not in json.dumps(
+        logs, default=str
+    )
+
+
 @pytest.mark.parametrize("path", [CHAT, "/v1/models"])
 async def test_unreachable_upstream_names_the_url_tried_without_credentials(
     start_gateway: Any, path: str

@@ -23,6 +23,7 @@ from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.telemetry import prefer_stable_semconv
+from engram_core.urls import without_credentials
 from engram_gateway import admin, browse_api, chat, health, memory_api, passthrough, ui
 from engram_gateway.bodies import BodyLimitMiddleware
 from engram_gateway.bus_link import BusLink
@@ -129,9 +130,9 @@ def create_app(
                 stack.push_async_callback(_cancel, counting)
             log.info(
                 "gateway.ready",
-                upstream=settings.llm_base_url,
+                upstream=without_credentials(settings.llm_base_url),
                 retrieval=settings.retrieval_address,
-                nats=settings.nats_url,
+                nats=",".join(map(without_credentials, settings.nats_url.split(","))),
                 mcp=settings.gateway_mcp,
                 ui=settings.gateway_ui,
             )
