@@ -342,6 +342,23 @@ async def test_keys_are_required_and_the_upstream_key_is_separate(
     assert "authorization" not in scripted_upstream.requests[-1].headers  # never A's key
 
 
+async def test_an_anthropic_style_x_api_key_is_an_engram_key_and_never_forwarded(
+    http: httpx2.AsyncClient, scripted_upstream: Any
+) -> None:
+    """Anthropic's SDKs (and the agents built on them) send their key only as X-Api-Key:
+    it names the tenant like a bearer token, a bearer token wins when both come, and
+    the key never reaches the upstream."""
+    key_a = {"X-Api-Key": KEY_A}
+    created = await http.post(MEM, json={"text": "Owned by A via X-Api-Key."}, headers=key_a)
+    assert created.status_code == 201, created.text
+    assert (await http.get(f"{MEM}/{created.json()['id']}", headers=A)).status_code == 200
+    _assert_error(await http.get(MEM, headers={"X-Api-Key": "wrong"}), 401, "invalid_api_key")
+    both = await http.get(MEM, headers={**key_a, "Authorization": "Bearer wrong"})
+    _assert_error(both, 401, "invalid_api_key")
+    await http.get("/v1/models", headers=key_a)
+    assert "x-api-key" not in scripted_upstream.requests[-1].headers
+
+
 # --- validation ---------------------------------------------------------------------------
 
 

@@ -2,7 +2,8 @@
 and nowhere else.
 
 With API keys configured (``ENGRAM_API_KEYS`` / ``ENGRAM_API_KEYS_FILE``), every
-request except the probes must carry ``Authorization: Bearer <key>``; the key's hash
+request except the probes must carry ``Authorization: Bearer <key>`` (or, as Anthropic's
+SDKs send their key, ``X-Api-Key: <key>`` when there is no bearer token); the key's hash
 names the tenant, and a missing or unknown key is answered 401 before any route runs.
 Without keys there is one tenant, ``default``, and no authentication (local use).
 Routes call :func:`resolve_tenant`; the tenant then travels in every RPC and event.
@@ -131,8 +132,7 @@ class ApiKeyMiddleware:
         if self.keys is None:
             state[_TENANT], state[_ADMIN] = LOCAL_OPERATOR.tenant, LOCAL_OPERATOR.admin
         elif not is_open(scope["path"]):
-            raw = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-            token = bearer_token(raw.decode("latin-1")) if raw is not None else None
+            token = _presented_key(scope["headers"])
             caller = self.keys.caller_for(token) if token else None
             if caller is None:
                 await _unauthorized(send, missing=token is None)
@@ -141,11 +141,23 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+def _presented_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The bearer token, else the ``X-Api-Key`` value (Anthropic's SDKs and the agents
+    built on them send their key only there)."""
+    found = {k: v for k, v in headers if k in (b"authorization", b"x-api-key")}
+    if b"authorization" in found:
+        token = bearer_token(found[b"authorization"].decode("latin-1"))
+        if token:
+            return token
+    api_key = found.get(b"x-api-key", b"").decode("latin-1").strip()
+    return api_key or None
+
+
 async def _unauthorized(send: Send, *, missing: bool) -> None:
     # The key itself is never echoed nor logged.
     message = (
-        "Missing API key: send it as 'Authorization: Bearer <key>'. The upstream LLM key, "
-        "if needed, goes in 'X-Upstream-Authorization'."
+        "Missing API key: send it as 'Authorization: Bearer <key>' (or 'X-Api-Key: <key>'). "
+        "The upstream LLM key, if needed, goes in 'X-Upstream-Authorization'."
         if missing
         else "Invalid API key."
     )
