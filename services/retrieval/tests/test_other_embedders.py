@@ -6,6 +6,7 @@ and the start-up check of the embedder's dimension against the store."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -184,8 +185,16 @@ def test_a_server_down_past_the_retry_budget_is_unavailable() -> None:
     def down(request: httpx2.Request) -> httpx2.Response:
         raise httpx2.ConnectError("connection refused", request=request)
 
-    with pytest.raises(EmbedderUnavailable, match="connection refused"):
-        RemoteEmbedder("http://embed.test/v1", "m", retry_s=0.3, transport=scripted(down, []))
+    with pytest.raises(EmbedderUnavailable, match="connection refused") as caught:
+        RemoteEmbedder(
+            "http://bob:s3cret@embed.test/v1?key=k3y",
+            "m",
+            retry_s=0.3,
+            transport=scripted(down, []),
+        )
+    # the URL is named, its credentials never
+    assert "embed.test" in str(caught.value)
+    assert not {"bob", "s3cret", "k3y"} & set(re.split(r"\W+", str(caught.value)))
 
 
 def test_settings_need_a_model_with_the_url_and_one_embedder(tmp_path: Path) -> None:

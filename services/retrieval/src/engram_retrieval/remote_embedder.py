@@ -27,6 +27,7 @@ import numpy as np
 
 from engram_core.logging import get_logger
 from engram_core.retry import TransientError, retry_transient_sync
+from engram_core.urls import without_credentials
 from engram_retrieval.embedder import Encoded, SentenceEncoder
 
 log = get_logger(__name__)
@@ -65,7 +66,8 @@ class RemoteEmbedder:
         self._client = httpx2.Client(
             base_url=url, headers=headers, timeout=timeout_s, transport=transport
         )
-        self.url = url
+        #: How the API is named in logs and errors: never with its credentials.
+        self.url = without_credentials(url)
         self.model = model
         self.retry_s = retry_s
         self.batch_size = batch_size
