@@ -64,8 +64,8 @@ async def test_a_budget_injects_the_best_hits_until_it_is_spent(
     message = memory_message(scripted_upstream)
     assert estimate_tokens(message) <= 300
     assert f"(note {len(injected) - 1})" in message and f"(note {len(injected)})" not in message
-    # retrieval was asked for enough hits to spend the budget (300 / 20)
-    assert fake_retrieval.requests[-1].top_k == 15
+    # retrieval was asked for enough hits to spend the budget (300 / 40, at least 5)
+    assert fake_retrieval.requests[-1].top_k == 8
 
     streamed = await client.post(
         CHAT, json=chat_body(stream=True), headers={"X-Engram-Memory-Max-Tokens": "300"}
@@ -89,7 +89,7 @@ async def test_the_default_budget_asks_for_more_than_five_hits_and_top_k_caps_it
     )
     response = await client.post(CHAT, json=chat_body())
     default_budget = GatewaySettings().gateway_memory_max_tokens
-    assert fake_retrieval.requests[-1].top_k == min(100, default_budget // 20)
+    assert fake_retrieval.requests[-1].top_k == min(100, default_budget // 40)
     assert len(response.json()["memory_hits"]) == 12  # all fit in the default budget
 
     response = await client.post(CHAT, json=chat_body(memory_top_k=4))
@@ -134,7 +134,7 @@ def test_the_header_sets_the_budget_and_the_body_wins() -> None:
     controls, _ = split_memory_controls({}, {"X-Engram-Memory-Max-Tokens": "300"})
     assert controls.memory_max_tokens == 300
     query = search_query(tenant="t", query="q", user_id="u", controls=controls)
-    assert (query.top_k, query.max_tokens) == (15, 300)
+    assert (query.top_k, query.max_tokens) == (8, 300)
     defaults = MemoryControls().with_defaults(GatewaySettings(gateway_memory_max_tokens=40))
     assert defaults.memory_max_tokens == 40
 

@@ -322,3 +322,12 @@ def test_a_fact_nearly_as_relevant_as_the_best_turn_is_listed_first() -> None:
     result = rank([question, fact, far_fact], [0.97, 0.87, 0.4], params, NOW, complete=True)
     # the fact within 0.15 of the best hit leads; the barely relevant one stays in place
     assert [h.candidate.id for h in result.hits] == ["f", "q", "g"]
+
+
+def test_the_pool_grows_with_top_k_only_up_to_its_cap() -> None:
+    """A search's cost grows with its candidate pools; a token budget asks for 25 hits, so
+    the pools stop at max_pool instead of 5 x top_k (never below top_k)."""
+    assert RankingParams(top_k=5, candidate_multiplier=5, max_pool=50).pool_size == 25
+    assert RankingParams(top_k=25, candidate_multiplier=5, max_pool=50).pool_size == 50
+    assert RankingParams(top_k=80, candidate_multiplier=5, max_pool=50).pool_size == 80
+    assert RankingParams(top_k=1, candidate_multiplier=1, small_store_size=5).pool_size == 6

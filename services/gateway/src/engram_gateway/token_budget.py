@@ -15,9 +15,11 @@ import re
 
 _PIECE = re.compile(r"\w+|[^\w\s]")
 _CHARS_PER_WORD_TOKEN = 6
-#: A memory note is rarely shorter than this (a date, a label and a short sentence):
-#: the most hits a budget could hold.
-MIN_NOTE_TOKENS = 20
+#: Tokens a memory note is counted at when asking retrieval for hits: a date, a label and
+#: a short sentence (LoCoMo's recalled notes average ≈ 60). Retrieval's cost grows with
+#: the hits asked for (its candidate pools are top_k * 5, capped): 25 at the default 1000
+#: tokens, not the 50 that the shortest notes would fit (docs/retrieval.md, Token budget).
+MIN_NOTE_TOKENS = 40
 #: The fewest hits asked for under a budget, and retrieval's cap on top_k.
 MIN_BUDGET_HITS = 5
 MAX_HITS = 100

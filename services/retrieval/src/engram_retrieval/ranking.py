@@ -54,15 +54,20 @@ class RankingParams:
     half_life_days: float = 30.0
     small_store_size: int = 5
     candidate_multiplier: int = 5
+    #: the most candidates per scope and source (never fewer than top_k): a search's
+    #: cost grows with its pools, and a token budget asks for many hits
+    max_pool: int = 1000
     corrected_weight: float = 0.5
     #: a current fact this close to the best hit's relevance is listed first
     fact_margin: float = 0.15
 
     @property
     def pool_size(self) -> int:
-        """Candidates fetched per scope: ``top_k * multiplier``, and always enough to tell
-        a small store (≤ ``small_store_size`` in all) from a larger one."""
-        return max(self.top_k * self.candidate_multiplier, self.small_store_size + 1)
+        """Candidates fetched per scope: ``top_k * multiplier`` up to ``max_pool`` (but at
+        least ``top_k``), and always enough to tell a small store (≤ ``small_store_size``
+        in all) from a larger one."""
+        pool = min(self.top_k * self.candidate_multiplier, max(self.max_pool, self.top_k))
+        return max(pool, self.small_store_size + 1)
 
 
 @dataclass

@@ -100,6 +100,7 @@ def ranking_defaults(settings: RetrievalSettings) -> RankingParams:
         half_life_days=settings.recency_half_life_days,
         small_store_size=settings.small_store_size,
         candidate_multiplier=settings.candidate_multiplier,
+        max_pool=settings.candidate_pool_max,
         corrected_weight=settings.search_corrected_weight,
         fact_margin=settings.search_fact_margin,
     )

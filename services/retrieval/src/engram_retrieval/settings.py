@@ -185,6 +185,15 @@ class RetrievalSettings(EngramSettings):
         description="Candidates fetched per scope and source: top_k * this (late "
         "interaction re-orders a deep pool; docs/benchmarks.md).",
     )
+    candidate_pool_max: int = Field(
+        default=50,
+        ge=1,
+        le=5000,
+        description="The most candidates fetched per scope and source, never fewer than "
+        "top_k: top_k * ENGRAM_CANDIDATE_MULTIPLIER up to this. The gateway's token budget "
+        "asks for 25 hits, and a search's cost grows with its pools (docs/retrieval.md, "
+        "'Token budget').",
+    )
     search_corrected_weight: float = Field(
         default=0.5,
         ge=0.0,
