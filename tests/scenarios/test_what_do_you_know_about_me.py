@@ -43,5 +43,5 @@ async def test_what_do_you_know_about_me_recalls_profile_facts_and_summaries(
         assert "stranger" not in texts
         injected = engram.injected(question)
         assert "Everything remembered about this user" in injected
-        assert "constraint/allergy: shellfish" in injected  # the profile, attached
+        assert '"constraint/allergy": "shellfish"' in injected  # the profile, attached
         assert "summary of conversation" in injected  # their conversations' summaries
