@@ -57,7 +57,8 @@ def sync_command(target: str) -> list[str]:
 
 def installed_by(sync: list[str]) -> set[str]:
     """The packages that `uv sync` with these flags installs, read from the lock."""
-    flags = [f for f in sync[2:] if f != "--inexact"]
+    # What to install, not how: the install-only flags mean nothing to `uv export`.
+    flags = [f for f in sync[2:] if f not in ("--inexact", "--compile-bytecode")]
     proc = subprocess.run(
         [sync[0], "export", *flags, "--no-hashes", "--no-emit-workspace", "--no-header"],
         cwd=REPO,
