@@ -46,10 +46,12 @@ class Component:
     log: IO[bytes] | None = field(default=None, repr=False)
 
 
-def _http_ok(url: str) -> Callable[[], bool]:
+def _http_ok(*urls: str) -> Callable[[], bool]:
+    """Ready once every URL answers 200."""
+
     def check() -> bool:
         try:
-            return httpx2.get(url, timeout=1.0).status_code == 200
+            return all(httpx2.get(url, timeout=1.0).status_code == 200 for url in urls)
         except httpx2.HTTPError:
             return False
 
@@ -163,7 +165,9 @@ class Stack:
                     "ENGRAM_GATEWAY_PORT": str(s.gateway_port),
                 },
                 endpoint=f"{gateway_url}/v1",
-                is_ready=_http_ok(f"{gateway_url}/readyz"),
+                # The gateway serves chats before its channel to retrieval is up (a chat
+                # then goes without memory); `up` started retrieval, so it waits for both.
+                is_ready=_http_ok(f"{gateway_url}/readyz", f"{gateway_url}/readyz/memory"),
             ),
             *(
                 Component(
