@@ -1,5 +1,7 @@
 """No import circles among Engram's own modules (lazy imports inside functions count):
 a circle means two modules that cannot be read, changed or tested one without the other.
+And the CLI does not import the gateway: ``engram mcp`` serves the MCP tools of
+engram_client, which the gateway imports too, so the stdio server needs no gateway code.
 """
 
 from __future__ import annotations
@@ -9,7 +11,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*ROOT.glob("libs/*/src"), *ROOT.glob("services/*/src")]
-FIRST_PARTY = ("engram_core", "engram_cli", "engram_gateway", "engram_retrieval", "engram_workers")
+FIRST_PARTY = (
+    "engram_core",
+    "engram_cli",
+    "engram_client",
+    "engram_gateway",
+    "engram_retrieval",
+    "engram_workers",
+)
+#: The benchmarks that score recall as the gateway delivers it call the gateway's own
+#: recall in-process (measuring a copy would measure nothing): the CLI's only exceptions.
+GATEWAY_RECALL_BENCHES = {"engram_cli.locomo.delivered", "engram_cli.paraphrase.evaluate"}
 
 
 def modules() -> dict[str, Path]:
@@ -69,6 +81,33 @@ def test_the_import_graph_has_no_circles() -> None:
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert len(graph) > 100  # the whole code base was read
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_cli_never_imports_the_gateway() -> None:
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    cli = [name for name in graph if name.startswith("engram_cli")]
+    assert "engram_cli.mcp_cmd" in cli
+    importers = sorted(
+        f"{name} -> {target}"
+        for name in cli
+        if name not in GATEWAY_RECALL_BENCHES
+        for target in graph[name]
+        if target.startswith("engram_gateway")
+    )
+    assert importers == []
+    assert not {m for m in reachable(graph, "engram_cli.mcp_cmd") if m.startswith("engram_gateway")}
 
 
 def test_the_detector_finds_a_circle() -> None:

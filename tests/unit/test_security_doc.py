@@ -11,7 +11,11 @@ DOC = ROOT / "docs" / "security.md"
 
 
 def _test_sources() -> str:
-    files = [*ROOT.glob("tests/**/test_*.py"), *ROOT.glob("services/*/tests/**/test_*.py")]
+    files = [
+        *ROOT.glob("tests/**/test_*.py"),
+        *ROOT.glob("services/*/tests/**/test_*.py"),
+        *ROOT.glob("libs/*/tests/**/test_*.py"),
+    ]
     return "\n".join(path.read_text(encoding="utf-8") for path in files)
 
 
@@ -25,6 +29,8 @@ def test_every_test_the_security_doc_names_exists() -> None:
 
 
 def test_every_test_file_the_security_doc_names_exists() -> None:
-    paths = set(re.findall(r"`((?:tests|services)/[\w/]+\.py)", DOC.read_text(encoding="utf-8")))
+    paths = set(
+        re.findall(r"`((?:tests|services|libs)/[\w/-]+\.py)", DOC.read_text(encoding="utf-8"))
+    )
     assert paths
     assert not sorted(p for p in paths if not (ROOT / p).is_file())

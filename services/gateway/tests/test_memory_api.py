@@ -17,7 +17,7 @@ from engram_core.event_status import EventStatusStore
 from engram_core.lifecycle import summary_memory_id
 from engram_core.proto import pb, to_timestamp
 from engram_gateway.keys import entry_for
-from engram_gateway.mcp_tools import GatewayApi, build_mcp_server
+from engram_client.mcp_tools import GatewayApi, build_mcp_server
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
 from .conftest import JetStreamReader, RunningGateway, StartGateway

@@ -2,7 +2,7 @@
 launch their tools as a subprocess (Claude Desktop, Cursor, VS Code).
 
 The same tools and resources the gateway serves at ``/mcp`` (one implementation:
-:mod:`engram_gateway.mcp_tools`), here calling a running gateway over HTTP
+:mod:`engram_client.mcp_tools`), here calling a running gateway over HTTP
 (``--gateway`` / ``ENGRAM_GATEWAY_URL``) with the configured key (``ENGRAM_API_KEY``),
 so tenant isolation is the gateway's. stdout carries the protocol: logs go to stderr.
 """
@@ -48,7 +48,7 @@ def mcp_command(args: argparse.Namespace) -> int:
 async def serve_stdio(gateway_url: str, headers: dict[str, str]) -> None:
     import httpx2
 
-    from engram_gateway.mcp_tools import GatewayApi, build_mcp_server
+    from engram_client.mcp_tools import GatewayApi, build_mcp_server
 
     async with httpx2.AsyncClient(
         base_url=gateway_url.rstrip("/"), headers=headers, timeout=HTTP_TIMEOUT_S

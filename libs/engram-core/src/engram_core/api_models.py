@@ -14,6 +14,7 @@ here too; the gateway's chat controls use the same ones.
 from __future__ import annotations
 
 import unicodedata
+import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -81,6 +82,23 @@ USER_ID_SCHEMA: dict[str, Any] = {
     "blank one is refused.",
 }
 UserId = Annotated[str, AfterValidator(normalize_user_id), WithJsonSchema(USER_ID_SCHEMA)]
+
+
+def canonical_uuid(value: str, what: str = "memory") -> str:
+    """``value`` as a lower-case hyphenated UUID; ``ValueError`` (in the memory API's
+    words) when it is not one. Whatever builds a URL from an id (the MCP tools) checks it
+    first, so no id can carry a ``/``, ``..`` or ``?`` into a path."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValueError(f"{value[:64]!r} is not a valid {what} id (a UUID)") from None
+
+
+MemoryId = Annotated[
+    str,
+    Field(min_length=1, max_length=64, description="The memory's id (a UUID)."),
+    AfterValidator(canonical_uuid),
+]
 
 
 Tag = Annotated[

@@ -1,4 +1,4 @@
-"""``/mcp`` on the gateway: the MCP server of :mod:`engram_gateway.mcp_tools` over
+"""``/mcp`` on the gateway: the MCP server of :mod:`engram_client.mcp_tools` over
 streamable HTTP (``ENGRAM_GATEWAY_MCP``, on by default).
 
 The API key middleware guards ``/mcp`` like any other path (``Authorization: Bearer
@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 from opentelemetry.trace import TracerProvider
 
-from engram_gateway.mcp_tools import GatewayApi, build_mcp_server
+from engram_client.mcp_tools import GatewayApi, build_mcp_server
 
 MCP_PATH = "/mcp"
 #: The in-process API's base URL: never resolved, the transport calls the app directly.

@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from engram_cli.nats_server import free_port
-from engram_gateway.mcp_tools import GatewayApi, build_mcp_server
+from engram_client.mcp_tools import GatewayApi, build_mcp_server
 
 
 @asynccontextmanager

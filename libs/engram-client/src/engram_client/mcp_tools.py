@@ -1,15 +1,16 @@
 """The Engram MCP server: memory tools and resources for agents, as a thin adapter over
-the gateway's public HTTP memory API (docs/api.md) through the Python client
-(engram_client, the one client the CLI uses too) and nothing else.
+the gateway's public HTTP memory API (docs/api.md) through this Python client and
+nothing else. It needs the ``mcp`` extra (``engram-client[mcp]``).
 
-One implementation, two transports. The gateway serves it at ``/mcp`` (streamable
-HTTP; :mod:`engram_gateway.mcp_http`), where each tool calls the gateway's own API
-in-process with the caller's ``Authorization``; ``engram mcp`` serves it on stdio and
-calls a running gateway over the network with the configured key. Either way the API
-key decides the tenant, exactly as for any HTTP caller, and an API error reaches the
-agent as a tool error carrying the API's message. Arguments are checked before any call:
-an id is a UUID (so ``get_memory("../../v1/users")`` is refused, never a request to
-another path) and a user id is normalised as the API does (engram_gateway.controls).
+One implementation, two transports, and neither imports the other's package: the
+gateway serves it at ``/mcp`` (streamable HTTP; ``engram_gateway.mcp_http``), where
+each tool calls the gateway's own API in-process with the caller's ``Authorization``;
+``engram mcp`` (``engram_cli.mcp_cmd``) serves it on stdio and calls a running gateway
+over the network with the configured key. Either way the API key decides the tenant,
+exactly as for any HTTP caller, and an API error reaches the agent as a tool error
+carrying the API's message. Arguments are checked before any call: an id is a UUID (so
+``get_memory("../../v1/users")`` is refused, never a request to another path) and a user
+id is normalised as the API does (engram_core.api_models).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from engram_client import AsyncEngramClient, EngramError, EventOut, EventTimeout
-from engram_core.api_models import UserId
-from engram_gateway.ids import MemoryId
+from engram_client.async_client import AsyncEngramClient
+from engram_client.errors import EngramError, EventTimeout
+from engram_core.api_models import EventOut, MemoryId, UserId
 
 SERVER_NAME = "engram"
 INSTRUCTIONS = (
@@ -121,7 +122,7 @@ def build_mcp_server(api: GatewayApi) -> MCPServer:
         SERVER_NAME,
         title="Engram memory",
         instructions=INSTRUCTIONS,
-        version=version("engram-gateway"),
+        version=version("engram-client"),
     )
     _add_reading_tools(server, api)
     _add_writing_tools(server, api)
