@@ -47,9 +47,9 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_openai import ChatOpenAI
 
 from engram_cli.cli_common import CliSettings
-from engram_cli.nats_server import free_port
-from engram_cli.scripted_llm import ScriptedUpstream, ToolCall
-from engram_cli.stack import Stack
+from engram_cli.stack.nats_server import free_port
+from engram_cli.stack.scripted_llm import ScriptedUpstream, ToolCall
+from engram_cli.stack.up import Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain
-from engram_cli.stack import Stack
+from engram_cli.stack.scripted_llm import RuleBasedBrain
+from engram_cli.stack.up import Stack
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.keys import entry_for

@@ -14,8 +14,8 @@ import httpx2
 import openai
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain
-from engram_cli.stack import Stack
+from engram_cli.stack.scripted_llm import RuleBasedBrain
+from engram_cli.stack.up import Stack
 from engram_testing.upstream import ScriptedUpstream
 
 from .conftest import count_memories, gateway_url, read_spans, wait_for

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engram_cli.main import main
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 from engram_core.proto import pb
 
 from .conftest import count_memories, wait_for

@@ -40,8 +40,8 @@ import httpx2
 import pytest
 from openai import OpenAI
 
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
-from engram_cli.stack import Stack
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack.up import Stack
 from engram_gateway.keys import entry_for
 from engram_testing.stack import start_stack
 

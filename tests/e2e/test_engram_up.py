@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain
+from engram_cli.stack.scripted_llm import RuleBasedBrain
 from engram_testing.upstream import ScriptedUpstream
 
 from .conftest import count_memories, stack_settings, wait_for

@@ -16,7 +16,7 @@ import httpx2
 import nats
 import pytest
 
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 from engram_core.events import TurnPersisted
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 from engram_testing.raw_http import RawConnection
 from engram_testing.upstream import ScriptedUpstream
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.stack import start_stack

@@ -21,9 +21,9 @@ from typing import Any
 import httpx2
 import pytest
 
-from engram_cli.reply_styles import styled
-from engram_cli.scripted_llm import Answer, RuleBasedBrain, ScriptedUpstream, is_task_request
-from engram_cli.stack import Stack
+from engram_cli.stack.reply_styles import styled
+from engram_cli.stack.scripted_llm import Answer, RuleBasedBrain, ScriptedUpstream, is_task_request
+from engram_cli.stack.up import Stack
 from engram_testing.stack import start_stack
 
 from .conftest import wait_for

@@ -12,7 +12,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 from engram_gateway.keys import entry_for
 
 from .conftest import wait_for

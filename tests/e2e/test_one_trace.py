@@ -20,8 +20,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain
-from engram_cli.stack import Stack
+from engram_cli.stack.scripted_llm import RuleBasedBrain
+from engram_cli.stack.up import Stack
 from engram_testing.upstream import ScriptedUpstream
 
 from .conftest import gateway_url, read_spans, wait_for

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from pydantic import ValidationError
 
-from engram_cli.nats_server import free_port
-from engram_cli.stack import Stack
+from engram_cli.stack.nats_server import free_port
+from engram_cli.stack.up import Stack
 from engram_client import (
     AsyncEngramClient,
     AuthenticationError,

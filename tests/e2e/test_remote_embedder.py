@@ -17,10 +17,10 @@ import numpy as np
 import openai
 import pytest
 
-from engram_cli.embeddings_server import EmbeddingsServer, packaged_embedder
-from engram_cli.nats_server import free_port
-from engram_cli.scripted_llm import RuleBasedBrain
-from engram_cli.stack import Stack
+from engram_cli.stack.embeddings_server import EmbeddingsServer, packaged_embedder
+from engram_cli.stack.nats_server import free_port
+from engram_cli.stack.scripted_llm import RuleBasedBrain
+from engram_cli.stack.up import Stack
 
 from .conftest import wait_for
 from .test_learning import start_stack

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_cli.nats_server import NatsServerProcess, free_port
+from engram_cli.stack.nats_server import NatsServerProcess, free_port
 from engram_testing.upstream import ScriptedUpstream
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engram_cli.nats_server import free_port, free_port_block
-from engram_cli.scripted_llm import Reply, RuleBasedBrain, ScriptedUpstream
-from engram_cli.stack import WORKERS, Stack, StackSettings
+from engram_cli.stack.nats_server import free_port, free_port_block
+from engram_cli.stack.scripted_llm import Reply, RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack.up import WORKERS, Stack, StackSettings
 
 
 def stack_settings(data_dir: Path) -> StackSettings:

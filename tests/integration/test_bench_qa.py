@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engram_cli.locomo.dataset import load_samples
-from engram_cli.locomo.qa import JUDGE_PROMPT, Model, QaPlan, qa_table, run_qa
-from engram_cli.scripted_llm import ScriptedUpstream
+from engram_cli.bench.locomo.dataset import load_samples
+from engram_cli.bench.locomo.qa import JUDGE_PROMPT, Model, QaPlan, qa_table, run_qa
+from engram_cli.stack.scripted_llm import ScriptedUpstream
 
 CONVERSATION = [
     {

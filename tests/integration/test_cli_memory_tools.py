@@ -23,9 +23,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engram_cli.cli_common import CliSettings
-from engram_cli.importer import run_import
 from engram_cli.main import main
-from engram_cli.nats_server import free_port
+from engram_cli.memory.importer import run_import
+from engram_cli.stack.nats_server import free_port
 from engram_core.events import STREAM_NAME, MemoryChanged
 from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path

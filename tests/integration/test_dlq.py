@@ -15,9 +15,9 @@ import nats
 import pytest
 from nats.js.api import StorageType, StreamConfig
 
-from engram_cli.dlq import dlq_command
 from engram_cli.main import build_parser
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
+from engram_cli.memory.dlq import dlq_command
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import ensure_stream, make_broker, publish_event
 from engram_core.dead_letters import (
     DeadLetterFilter,

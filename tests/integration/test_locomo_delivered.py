@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engram_cli.locomo.bench import (
+from engram_cli.bench.locomo.bench import (
     CONFIGS,
     BenchPlan,
     Ingested,
@@ -20,8 +20,8 @@ from engram_cli.locomo.bench import (
     summarize,
     tenant_of,
 )
-from engram_cli.locomo.dataset import load_samples
-from engram_cli.locomo.delivered import delivered_pass, delivered_table
+from engram_cli.bench.locomo.dataset import load_samples
+from engram_cli.bench.locomo.delivered import delivered_pass, delivered_table
 from engram_testing.worker_stack import running_retrieval
 
 FILLER = [

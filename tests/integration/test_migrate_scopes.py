@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from engram_cli.cli_common import CliSettings
-from engram_cli.migrate import migrate
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.memory.migrate import migrate
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_core.events import MemoryChanged
 from engram_core.lifecycle import SUMMARY_NAMESPACE, summary_memory_id
 from engram_core.proto import pb, to_timestamp

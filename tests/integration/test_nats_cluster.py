@@ -19,8 +19,8 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 
-from engram_cli.nats_server import NatsCluster, free_port
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack.nats_server import NatsCluster, free_port
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_core.bus import ensure_stream, key_value_bucket
 from engram_core.event_status import EVENTS_BUCKET
 from engram_core.events import STREAM_NAME

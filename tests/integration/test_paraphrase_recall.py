@@ -1,13 +1,13 @@
 """A person asking about a part of their own life gets the matching memories, and a
 question that is not about them gets none: Engram's paraphrase set
-(``engram_cli/paraphrase/paraphrases.json``) through the gateway's recall against a
+(``engram_cli/bench/paraphrase/paraphrases.json``) through the gateway's recall against a
 real retrieval service with its default settings."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from engram_cli.paraphrase.evaluate import answer_all, ask, load_set, scores, store
+from engram_cli.bench.paraphrase.evaluate import answer_all, ask, load_set, scores, store
 from engram_core.memory_port import MemoryPort
 from engram_testing.worker_stack import running_retrieval
 

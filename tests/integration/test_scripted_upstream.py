@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx2
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx2
 import pytest
 
-from engram_cli.scripted_llm import is_task_request
+from engram_cli.stack.scripted_llm import is_task_request
 from engram_testing.open_webui import capture, replay
 
 from .conftest import Engram

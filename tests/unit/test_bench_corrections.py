@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engram_cli.bench_corrections import summarize
+from engram_cli.bench.corrections import summarize
 
 
 def test_the_old_turn_counts_against_a_correction_when_above_the_fact_or_alone() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx2
 
-from engram_cli.bench_load import ChatSample
-from engram_cli.bench_overhead import ApiChatter, _own_time, _taking_turns
+from engram_cli.bench.load import ChatSample
+from engram_cli.bench.overhead import ApiChatter, _own_time, _taking_turns
 
 GATEWAY, UPSTREAM = "http://gw", "http://up:1/v1"
 

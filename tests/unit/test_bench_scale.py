@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from engram_cli.bench_scale import format_table, parse_list
-from engram_cli.scale_corpus import Layout, memories, queries
+from engram_cli.bench.scale import format_table, parse_list
+from engram_cli.bench.scale_corpus import Layout, memories, queries
 
 
 def test_corpus_is_deterministic_and_grows_by_prefix() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from engram_cli.cli_common import WORKERS, CliSettings, cli_settings
 from engram_cli.main import build_parser
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 
 LOCATION_VARS = (
     "ENGRAM_GATEWAY_URL",

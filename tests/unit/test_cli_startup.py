@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 
 #: Never needed to start a client command: the models, the services, the messaging
 #: stack, the benchmarks' maths.
@@ -26,8 +26,8 @@ HEAVY = (
     "faststream",
     "fastapi",
     "numpy",
-    "engram_cli.bench",
-    "engram_cli.locomo",
+    "engram_cli.bench.command",
+    "engram_cli.bench.locomo",
 )
 
 _PROBE = """

@@ -21,7 +21,10 @@ FIRST_PARTY = (
 )
 #: The benchmarks that score recall as the gateway delivers it call the gateway's own
 #: recall in-process (measuring a copy would measure nothing): the CLI's only exceptions.
-GATEWAY_RECALL_BENCHES = {"engram_cli.locomo.delivered", "engram_cli.paraphrase.evaluate"}
+GATEWAY_RECALL_BENCHES = {
+    "engram_cli.bench.locomo.delivered",
+    "engram_cli.bench.paraphrase.evaluate",
+}
 
 
 def modules() -> dict[str, Path]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engram_cli.locomo.bench import (
+from engram_cli.bench.locomo.bench import (
     CONFIGS,
     BenchPlan,
     Config,
@@ -24,7 +24,7 @@ from engram_cli.locomo.bench import (
     summarize,
     turn_memories,
 )
-from engram_cli.locomo.dataset import (
+from engram_cli.bench.locomo.dataset import (
     LocomoFormatError,
     load_samples,
     parse_samples,

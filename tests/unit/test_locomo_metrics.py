@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engram_cli.locomo.metrics import (
+from engram_cli.bench.locomo.metrics import (
     ParsedEvidence,
     hit_at_k,
     mean_scores,

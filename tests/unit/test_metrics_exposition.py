@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.metrics import prometheus_exposition, serve_metrics, setup_metrics
 from engram_core.telemetry import RpcMetricsSpanProcessor
 

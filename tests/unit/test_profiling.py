@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from engram_cli.bench_load import RpcCalls, parse_server_timing
+from engram_cli.bench.load import RpcCalls, parse_server_timing
 
 PROGRAM = """
 import sys, time

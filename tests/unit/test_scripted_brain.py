@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from engram_cli.scripted_grammar import third_person
-from engram_cli.scripted_llm import RuleBasedBrain
+from engram_cli.stack.scripted_grammar import third_person
+from engram_cli.stack.scripted_llm import RuleBasedBrain
 
 brain = RuleBasedBrain(chat_reply="Sure.")
 

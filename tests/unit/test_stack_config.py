@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engram_cli.stack import WORKERS, Stack, StackSettings
+from engram_cli.stack.up import WORKERS, Stack, StackSettings
 
 
 def names(stack: Stack) -> list[str]:

@@ -8,7 +8,7 @@ import io
 
 from opentelemetry.sdk.resources import Resource
 
-from engram_cli.status import model_task_rates, print_model_tasks
+from engram_cli.stack.status import model_task_rates, print_model_tasks
 from engram_core import metrics, semconv
 from engram_core.metrics import prometheus_exposition, setup_metrics
 

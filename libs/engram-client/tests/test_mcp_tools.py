@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_client.mcp_tools import GatewayApi, build_mcp_server
 
 

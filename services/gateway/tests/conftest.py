@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.events import STREAM_NAME
 from engram_core.proto import pb, pb_grpc, to_timestamp
 from engram_core.retrieval_client import SERVICE_NAME

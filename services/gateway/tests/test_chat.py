@@ -15,7 +15,7 @@ import pytest
 import structlog
 from openai import AsyncOpenAI
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.events import TurnPersisted
 from engram_core.proto import pb, to_timestamp
 from engram_gateway.settings import GatewaySettings
@@ -937,7 +937,7 @@ async def test_a_chat_reports_where_the_gateway_spent_its_time(
     """``Server-Timing`` (what ``engram bench overhead`` and browsers' tools read): recall,
     everything before the upstream call, the upstream call and recording the user turn,
     each in ms; a chat without memory has no recall or record step."""
-    from engram_cli.bench_load import parse_server_timing
+    from engram_cli.bench.load import parse_server_timing
 
     fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
     remembered = await client.post(CHAT, json=chat_body())

@@ -410,7 +410,7 @@ async def test_readiness_is_about_chats_and_memory_is_reported_apart(
     from engram_core.metrics import setup_metrics
 
     setup_metrics(Resource.create({"service.name": "engram-gateway-test"}))
-    from engram_cli.nats_server import free_port
+    from engram_cli.stack.nats_server import free_port
 
     gateway = await start_gateway(retrieval_address=f"127.0.0.1:{free_port()}")
     client = gateway.client()

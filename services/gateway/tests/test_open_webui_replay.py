@@ -14,7 +14,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from engram_cli.scripted_llm import ToolCall
+from engram_cli.stack.scripted_llm import ToolCall
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.user_names import display_name
 from engram_testing.open_webui import OPEN_WEBUI_VERSION, CapturedRequest, capture, replay

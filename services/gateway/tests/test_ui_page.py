@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from playwright.async_api import Browser, Page, Route, expect
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_gateway import ui
 from engram_testing.asgi import serving
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from pydantic import ValidationError
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from engram_cli.embeddings_server import EmbeddingsServer
+from engram_cli.stack.embeddings_server import EmbeddingsServer
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder, ModelFilesError, model_files_at

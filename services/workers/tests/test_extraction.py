@@ -14,7 +14,7 @@ from typing import Any
 import nats.errors
 import pytest
 
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
 from engram_core.event_status import EventStatusStore
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id

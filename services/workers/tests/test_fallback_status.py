@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from engram_cli.reply_styles import styled
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack.reply_styles import styled
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_core.bus import make_broker, publish_event
 from engram_core.event_status import EventStatus, EventStatusStore
 from engram_core.events import FactProposed, TurnPersisted

@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.bus import ensure_stream
 from engram_core.events import STREAM_NAME, TurnPersisted
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import grpc
 import pytest
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.bus import publish_event
 from engram_core.events import STREAM_NAME, TurnPersisted
 from engram_core.proto import from_timestamp, pb

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from engram_cli.nats_server import free_port
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
+from engram_cli.stack.nats_server import free_port
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
 from engram_core.event_status import EventStatusStore
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id

@@ -1,6 +1,6 @@
 """The reply styles of local models, for each task the workers ask (issue 36).
 
-Every style of :mod:`engram_cli.reply_styles` dresses the rule-based brain's answer the
+Every style of :mod:`engram_cli.stack.reply_styles` dresses the rule-based brain's answer the
 way a family of small or reasoning models writes it; the real client
 (:class:`~engram_workers.llm.LlmClient` over HTTP, against the scripted upstream) asks
 under the one policy (:class:`~engram_workers.llm.AskLlm`), and each task's core says
@@ -20,8 +20,8 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_cli.reply_styles import REPLY_STYLES, UNUSABLE_STYLES, styled
-from engram_cli.scripted_llm import Completion, RuleBasedBrain
+from engram_cli.stack.reply_styles import REPLY_STYLES, UNUSABLE_STYLES, styled
+from engram_cli.stack.scripted_llm import Completion, RuleBasedBrain
 from engram_core.memory import MemoryRecord
 from engram_core.metrics import prometheus_exposition, setup_metrics
 from engram_testing.upstream import ScriptedUpstream

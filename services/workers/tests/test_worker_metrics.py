@@ -13,7 +13,7 @@ import pytest
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.bus import publish_event
 from engram_core.events import STREAM_NAME, TurnPersisted
 from engram_core.metrics import prometheus_exposition, setup_metrics

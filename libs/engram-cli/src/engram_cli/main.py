@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 def _cmd_up(args: argparse.Namespace) -> int:
     from engram_cli.cli_common import cli_settings
-    from engram_cli.stack import run_stack
+    from engram_cli.stack.up import run_stack
 
     return run_stack(cli_settings(args))
 
@@ -35,8 +35,8 @@ def _up_description() -> str:
 def _cmd_scripted_llm(args: argparse.Namespace) -> int:
     import time
 
-    from engram_cli.reply_styles import REPLY_STYLES, styled
-    from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
+    from engram_cli.stack.reply_styles import REPLY_STYLES, styled
+    from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
 
     if args.keep < 1:
         print("engram scripted-llm: --keep must be at least 1", file=sys.stderr)
@@ -60,67 +60,67 @@ def _cmd_scripted_llm(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from engram_cli.bench import run_bench
+    from engram_cli.bench.command import run_bench
 
     return run_bench(args)
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:
-    from engram_cli.rebuild import run_rebuild
+    from engram_cli.memory.rebuild import run_rebuild
 
     return run_rebuild(args)
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from engram_cli.importer import import_command
+    from engram_cli.memory.importer import import_command
 
     return import_command(args)
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from engram_cli.exporter import export_command
+    from engram_cli.memory.exporter import export_command
 
     return export_command(args)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from engram_cli.search_cmd import search_command
+    from engram_cli.memory.search import search_command
 
     return search_command(args)
 
 
 def _cmd_reembed(args: argparse.Namespace) -> int:
-    from engram_cli.reembed import reembed_command
+    from engram_cli.memory.reembed import reembed_command
 
     return reembed_command(args)
 
 
 def _cmd_dlq(args: argparse.Namespace) -> int:
-    from engram_cli.dlq import dlq_command
+    from engram_cli.memory.dlq import dlq_command
 
     return dlq_command(args)
 
 
 def _cmd_reextract(args: argparse.Namespace) -> int:
-    from engram_cli.reextract import reextract_command
+    from engram_cli.memory.reextract import reextract_command
 
     return reextract_command(args)
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from engram_cli.migrate import migrate_command
+    from engram_cli.memory.migrate import migrate_command
 
     return migrate_command(args)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from engram_cli.status import status_command
+    from engram_cli.stack.status import status_command
 
     return status_command(args)
 
 
 def _cmd_serve_embeddings(args: argparse.Namespace) -> int:
-    from engram_cli.embeddings_server import serve_embeddings_command
+    from engram_cli.stack.embeddings_server import serve_embeddings_command
 
     return serve_embeddings_command(args)
 
@@ -183,19 +183,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 #: is imported only when that command runs (or for the full help): each pulls in its own
 #: stack (gRPC, NATS, the benchmarks' numpy), and a command must start in well under 1 s.
 _COMMANDS: dict[str, tuple[str, str, Callable[[argparse.Namespace], int]]] = {
-    "bench": ("engram_cli.bench", "add_bench_parser", _cmd_bench),
-    "rebuild": ("engram_cli.rebuild", "add_rebuild_parser", _cmd_rebuild),
-    "import": ("engram_cli.importer", "add_import_parser", _cmd_import),
-    "export": ("engram_cli.exporter", "add_export_parser", _cmd_export),
-    "search": ("engram_cli.search_cmd", "add_search_parser", _cmd_search),
-    "reembed": ("engram_cli.reembed", "add_reembed_parser", _cmd_reembed),
-    "reextract": ("engram_cli.reextract", "add_reextract_parser", _cmd_reextract),
-    "migrate": ("engram_cli.migrate", "add_migrate_parser", _cmd_migrate),
-    "status": ("engram_cli.status", "add_status_parser", _cmd_status),
+    "bench": ("engram_cli.bench.command", "add_bench_parser", _cmd_bench),
+    "rebuild": ("engram_cli.memory.rebuild", "add_rebuild_parser", _cmd_rebuild),
+    "import": ("engram_cli.memory.importer", "add_import_parser", _cmd_import),
+    "export": ("engram_cli.memory.exporter", "add_export_parser", _cmd_export),
+    "search": ("engram_cli.memory.search", "add_search_parser", _cmd_search),
+    "reembed": ("engram_cli.memory.reembed", "add_reembed_parser", _cmd_reembed),
+    "reextract": ("engram_cli.memory.reextract", "add_reextract_parser", _cmd_reextract),
+    "migrate": ("engram_cli.memory.migrate", "add_migrate_parser", _cmd_migrate),
+    "status": ("engram_cli.stack.status", "add_status_parser", _cmd_status),
     "mcp": ("engram_cli.mcp_cmd", "add_mcp_parser", _cmd_mcp),
-    "dlq": ("engram_cli.dlq", "add_dlq_parser", _cmd_dlq),
+    "dlq": ("engram_cli.memory.dlq", "add_dlq_parser", _cmd_dlq),
     "serve-embeddings": (
-        "engram_cli.embeddings_server",
+        "engram_cli.stack.embeddings_server",
         "add_serve_embeddings_parser",
         _cmd_serve_embeddings,
     ),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engram_cli.nats_server import free_port
+from engram_cli.stack.nats_server import free_port
 from engram_core.retrieval_client import RetrievalClient
 
 

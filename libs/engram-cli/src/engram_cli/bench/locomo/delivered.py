@@ -26,8 +26,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from engram_cli.bench.locomo.dataset import CATEGORIES, Question, Sample
 from engram_cli.console import ProgressBar
-from engram_cli.locomo.dataset import CATEGORIES, Question, Sample
 from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.controls import MemoryControls

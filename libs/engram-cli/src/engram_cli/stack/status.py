@@ -38,7 +38,7 @@ from engram_cli.cli_common import (
     cli_settings,
 )
 from engram_cli.console import print_table
-from engram_cli.nats_server import port_is_open
+from engram_cli.stack.nats_server import port_is_open
 from engram_core.events import STREAM_NAME
 from engram_core.memory import MemoryFilter
 from engram_core.memory_port import MemoryPort, RetrievalError

@@ -1,7 +1,7 @@
 """``engram bench overhead``: what memory adds to a chat, and where the time goes.
 
 One run, one stack (``engram up``'s processes on a fresh data dir, all six workers) and
-the scripted upstream in a process of its own (:mod:`engram_cli.bench_load`):
+the scripted upstream in a process of its own (:mod:`engram_cli.bench.load`):
 
 1. **latency**: one client at ``--rate`` chats/s for ``--seconds``, three times: straight
    to the upstream (``direct``), through the gateway with ``memory: false`` (``off``) and
@@ -16,7 +16,7 @@ the scripted upstream in a process of its own (:mod:`engram_cli.bench_load`):
 3. **pipeline**: ``engram bench pipeline``'s driver at ``--pipeline-rate`` turns/s (lag:
    a turn's ``turn.persisted`` to ingest's ``memory.changed``) while every worker's
    backlog is sampled; the phase ends when every worker has drained. Each caller's
-   retrieval calls per turn, by method (:class:`~engram_cli.bench_load.RpcCalls`).
+   retrieval calls per turn, by method (:class:`~engram_cli.bench.load.RpcCalls`).
 4. **profile** (unless ``--no-profile``): the services run with ``ENGRAM_PROFILE_DIR``
    (:mod:`engram_core.profiling`, paused once the stack is up); a shorter pipeline run is
    sampled, and each process's folded stacks and hottest functions are saved.
@@ -52,8 +52,8 @@ from typing import Any
 import httpx2
 import nats
 
-from engram_cli.bench_common import percentiles
-from engram_cli.bench_load import (
+from engram_cli.bench.common import percentiles
+from engram_cli.bench.load import (
     MODES,
     Backlog,
     ChatSample,
@@ -67,16 +67,16 @@ from engram_cli.bench_load import (
     signal_services,
     stack_pids,
 )
-from engram_cli.bench_overhead_report import (
+from engram_cli.bench.overhead_report import (
     collect_profiles,
     plot_overhead,
     print_report,
     targets,
 )
-from engram_cli.bench_pipeline import drive_pipeline
-from engram_cli.bench_writepath import running_stack
+from engram_cli.bench.pipeline import drive_pipeline
+from engram_cli.bench.writepath import running_stack
 from engram_cli.cli_common import WORKERS
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 from engram_core.settings import parse_nats_urls
 
 IDLE_S = 5.0

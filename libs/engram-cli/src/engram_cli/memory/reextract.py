@@ -36,7 +36,7 @@ from engram_cli.cli_common import (
     connect_announcer,
 )
 from engram_cli.console import ProgressCallback
-from engram_cli.reembed import mirror_tenants
+from engram_cli.memory.reembed import mirror_tenants
 from engram_core.bus import publish_event
 from engram_core.events import TurnPersisted, deterministic_event_id
 from engram_core.memory import MemoryFilter, MemoryRecord

@@ -5,7 +5,7 @@ deterministic replies, so the gateway's production code path — the ``openai``
 package over HTTP — is exercised unchanged; and, with the same scripted replies, the
 OpenAI Responses API (``POST /v1/responses``), the Anthropic Messages API
 (``POST /v1/messages``) and Ollama's native chat (``POST /api/chat``), each in its own
-framing (:mod:`engram_cli.scripted_apis`), as Ollama serves them all on one port.
+framing (:mod:`engram_cli.stack.scripted_apis`), as Ollama serves them all on one port.
 
 ``GET /requests`` returns what it received (what Engram sent upstream) as a JSON list,
 newest last (``?limit=N``: the last N); ``DELETE /requests`` forgets them. Credentials
@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engram_cli import scripted_apis
-from engram_cli.nats_server import free_port
-from engram_cli.scripted_grammar import split_clauses, third_person, third_person_verb
+from engram_cli.stack import scripted_apis
+from engram_cli.stack.nats_server import free_port
+from engram_cli.stack.scripted_grammar import split_clauses, third_person, third_person_verb
 
 
 @dataclass(frozen=True)

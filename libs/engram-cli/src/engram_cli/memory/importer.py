@@ -6,7 +6,7 @@ Formats (``--format auto`` tells them apart by content):
   where ``messages`` is a Chat Completions message list (``content`` a string or an
   array of parts; a message may carry its own ``created_at``). The file is either JSON
   (one record, or a list of records) or JSONL (one record per line).
-- **locomo**: the LoCoMo benchmark's JSON (``engram_cli.locomo.dataset``); each sample
+- **locomo**: the LoCoMo benchmark's JSON (``engram_cli.bench.locomo.dataset``); each sample
   is a conversation named by its ``sample_id``, turns dated by their session.
 
 Two ways in:
@@ -196,7 +196,7 @@ def _looks_like_openai(item: Any) -> bool:
 
 
 def _from_locomo(path: Path, document: Any, user: str) -> list[Conversation]:
-    from engram_cli.locomo.dataset import LocomoFormatError, parse_samples
+    from engram_cli.bench.locomo.dataset import LocomoFormatError, parse_samples
 
     try:
         samples = parse_samples(document)

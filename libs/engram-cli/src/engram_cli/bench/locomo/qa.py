@@ -36,11 +36,9 @@ from typing import Any
 
 import httpx2
 
-from engram_cli.bench_common import percentiles
-from engram_cli.bench_writepath import running_stack
-from engram_cli.console import ProgressBar, print_table
-from engram_cli.locomo.bench import scored_questions, turn_memories
-from engram_cli.locomo.dataset import (
+from engram_cli.bench.common import percentiles
+from engram_cli.bench.locomo.bench import scored_questions, turn_memories
+from engram_cli.bench.locomo.dataset import (
     CATEGORIES,
     DEFAULT_CATEGORIES,
     LocomoFormatError,
@@ -48,7 +46,9 @@ from engram_cli.locomo.dataset import (
     Sample,
     load_samples,
 )
-from engram_cli.scripted_llm import ScriptedUpstream
+from engram_cli.bench.writepath import running_stack
+from engram_cli.console import ProgressBar, print_table
+from engram_cli.stack.scripted_llm import ScriptedUpstream
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 

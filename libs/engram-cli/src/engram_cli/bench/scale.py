@@ -1,7 +1,7 @@
 """``engram bench scale``: Search latency, Upsert throughput and memory at growing sizes.
 
 Each engine gets its own real ``engram-retrieval`` process on a fresh data dir. The
-store grows size by size with synthetic memories (:mod:`engram_cli.scale_corpus`:
+store grows size by size with synthetic memories (:mod:`engram_cli.bench.scale_corpus`:
 20 tenants x 50 conversations) sent through gRPC ``Upsert`` in per-tenant batches;
 after each size the bench measures ``Search`` at the client with a tenant +
 conversation filter (conversation scope) and with the default scopes (conversation,
@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from engram_cli.bench_common import (
+from engram_cli.bench.common import (
     RetrievalProcess,
     child_processes,
     percentiles,
     process_memory_mb,
 )
+from engram_cli.bench.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_cli.console import ProgressBar, print_table, render_table
-from engram_cli.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 

@@ -28,11 +28,11 @@ import httpx2
 import nats
 import numpy as np
 
-from engram_cli.bench_common import percentiles
-from engram_cli.bench_writepath import bench_stack
+from engram_cli.bench.common import percentiles
+from engram_cli.bench.writepath import bench_stack
 from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
-from engram_cli.stack import StackSettings
+from engram_cli.stack.up import StackSettings
 from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient

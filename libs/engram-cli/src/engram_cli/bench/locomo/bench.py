@@ -9,7 +9,7 @@ the cut-off). Each configuration runs its own retrieval process with its own
 environment over the same stored data; the store is filled once. Turn-level scores are
 reported beside session-level ones (``session_recall@k``, as published LoCoMo figures).
 
-``--delivered`` adds what a chat would be given (:mod:`engram_cli.locomo.delivered`):
+``--delivered`` adds what a chat would be given (:mod:`engram_cli.bench.locomo.delivered`):
 every question through the gateway's recall and rendering with the product's defaults
 and a curve of token budgets, into ``configs.<name>.delivered``.
 """
@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engram_cli.bench_common import RetrievalProcess, percentiles
-from engram_cli.console import ProgressBar, print_table, render_table
-from engram_cli.locomo.dataset import (
+from engram_cli.bench.common import RetrievalProcess, percentiles
+from engram_cli.bench.locomo.dataset import (
     CATEGORIES,
     DEFAULT_CATEGORIES,
     LocomoFormatError,
@@ -39,13 +38,14 @@ from engram_cli.locomo.dataset import (
     Sample,
     load_samples,
 )
-from engram_cli.locomo.delivered import (
+from engram_cli.bench.locomo.delivered import (
     DEFAULT_BUDGETS,
     delivered_pass,
     delivered_table,
     plot_delivered,
 )
-from engram_cli.locomo.metrics import mean_scores, score_question, turns_of_hit
+from engram_cli.bench.locomo.metrics import mean_scores, score_question, turns_of_hit
+from engram_cli.console import ProgressBar, print_table, render_table
 from engram_core.proto import KIND_NAMES, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 

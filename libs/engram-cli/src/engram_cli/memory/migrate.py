@@ -41,7 +41,7 @@ from engram_cli.cli_common import (
     cli_settings,
     connect_announcer,
 )
-from engram_cli.reembed import mirror_tenants
+from engram_cli.memory.reembed import mirror_tenants
 from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged

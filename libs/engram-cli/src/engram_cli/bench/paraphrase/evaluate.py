@@ -58,7 +58,9 @@ class ParaphraseSet:
 
 def load_set() -> ParaphraseSet:
     raw = json.loads(
-        resources.files("engram_cli.paraphrase").joinpath("paraphrases.json").read_text("utf-8")
+        resources.files("engram_cli.bench.paraphrase")
+        .joinpath("paraphrases.json")
+        .read_text("utf-8")
     )
     return ParaphraseSet(
         raw["memories"],

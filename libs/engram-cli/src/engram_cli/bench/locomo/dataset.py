@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engram_cli.locomo.metrics import normalize_dia_id, parse_evidence
+from engram_cli.bench.locomo.metrics import normalize_dia_id, parse_evidence
 
 CATEGORIES = {
     1: "multi-hop",

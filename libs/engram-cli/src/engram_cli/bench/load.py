@@ -19,10 +19,10 @@ from typing import Any
 import httpx2
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_cli.bench_common import percentiles, process_cpu_s
+from engram_cli.bench.common import percentiles, process_cpu_s
 from engram_cli.console import ProgressBar
-from engram_cli.nats_server import free_port, port_is_open
-from engram_cli.stack import Stack
+from engram_cli.stack.nats_server import free_port, port_is_open
+from engram_cli.stack.up import Stack
 from engram_core.events import STREAM_NAME
 
 CONVERSATION_PREFIX = "overhead-"

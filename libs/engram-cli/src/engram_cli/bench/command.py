@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engram_cli.bench_common import RetrievalProcess
+from engram_cli.bench.common import RetrievalProcess
 from engram_cli.console import ProgressBar, print_table
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
@@ -248,14 +248,14 @@ def add_bench_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     handler: Callable[[argparse.Namespace], int],
 ) -> None:
-    from engram_cli.bench_corrections import add_corrections_parser
-    from engram_cli.bench_overhead import add_overhead_parser
-    from engram_cli.bench_pipeline import add_pipeline_parser
-    from engram_cli.bench_scale import add_scale_parser
-    from engram_cli.bench_writepath import add_write_path_parser
-    from engram_cli.locomo.bench import add_locomo_parser
-    from engram_cli.locomo.qa import add_qa_parser
-    from engram_cli.paraphrase.bench import add_paraphrase_parser
+    from engram_cli.bench.corrections import add_corrections_parser
+    from engram_cli.bench.locomo.bench import add_locomo_parser
+    from engram_cli.bench.locomo.qa import add_qa_parser
+    from engram_cli.bench.overhead import add_overhead_parser
+    from engram_cli.bench.paraphrase.bench import add_paraphrase_parser
+    from engram_cli.bench.pipeline import add_pipeline_parser
+    from engram_cli.bench.scale import add_scale_parser
+    from engram_cli.bench.writepath import add_write_path_parser
 
     bench = commands.add_parser("bench", help="benchmarks (tables, JSON, plots)")
     kinds = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")

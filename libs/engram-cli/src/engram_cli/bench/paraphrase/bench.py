@@ -1,5 +1,5 @@
 """``engram bench paraphrase``: the recall-or-nothing decision on Engram's own paraphrase
-set (:mod:`engram_cli.paraphrase.evaluate`), before and after its calibration.
+set (:mod:`engram_cli.bench.paraphrase.evaluate`), before and after its calibration.
 
 Each configuration runs a real ``engram-retrieval`` process on a fresh data dir with
 its own environment: ``calibrated`` is the service as configured (category expansion on,
@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engram_cli.bench_common import RetrievalProcess
+from engram_cli.bench.common import RetrievalProcess
+from engram_cli.bench.paraphrase.evaluate import answer_all, load_set, scores, store
 from engram_cli.console import print_table
-from engram_cli.paraphrase.evaluate import answer_all, load_set, scores, store
 
 CONFIGS: dict[str, dict[str, str]] = {
     "uncalibrated": {

@@ -27,12 +27,12 @@ from typing import Any
 import httpx2
 import nats
 
-from engram_cli.bench_common import percentiles
+from engram_cli.bench.common import percentiles
 from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
-from engram_cli.nats_server import free_port, free_port_block
-from engram_cli.scripted_llm import RuleBasedBrain, ScriptedUpstream
-from engram_cli.stack import Stack, StackSettings
+from engram_cli.stack.nats_server import free_port, free_port_block
+from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_cli.stack.up import Stack, StackSettings
 from engram_core.events import MemoryChanged
 from engram_core.settings import parse_nats_urls
 

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from engram_cli.bench_common import RetrievalProcess
+from engram_cli.bench.common import RetrievalProcess
 from engram_cli.console import ProgressCallback, print_table
 from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient

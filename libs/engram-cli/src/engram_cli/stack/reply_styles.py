@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from engram_cli.scripted_llm import Answer, Completion, Reply, is_task_request
+from engram_cli.stack.scripted_llm import Answer, Completion, Reply, is_task_request
 
 Style = Callable[[str], Answer]
 

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 import httpx2
 
 from engram_cli.cli_common import WORKERS, CliSettings, reachable_address
-from engram_cli.nats_server import NatsServerProcess, port_is_open
+from engram_cli.stack.nats_server import NatsServerProcess, port_is_open
 from engram_core.settings import parse_nats_urls
 
 READY_TIMEOUT_S = 180.0

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from engram_cli.console import print_table
-from engram_cli.stack import Stack
+from engram_cli.stack.up import Stack
 
 PROFILE_WAIT_S = 15.0
 TOP_PER_PROCESS = 40

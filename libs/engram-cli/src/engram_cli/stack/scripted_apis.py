@@ -1,7 +1,7 @@
 """The scripted upstream's other APIs: a scripted answer as the OpenAI Responses API,
 the Anthropic Messages API and Ollama's native chat send it, whole or streamed in each
 API's own framing (typed SSE events, ``message_start … message_stop``, NDJSON), and a
-scripted failure in each API's error shape. :mod:`engram_cli.scripted_llm` serves them.
+scripted failure in each API's error shape. :mod:`engram_cli.stack.scripted_llm` serves them.
 """
 
 from __future__ import annotations
