@@ -34,11 +34,12 @@ fmt: install ## format and auto-fix the code
 	$(PY) -m ruff check --fix .
 
 .PHONY: lint
-lint: install ## ruff (lint + format check), mypy (the types) and the generated-code check
+lint: install ## ruff (lint + format check), mypy (the types) and the generated-code checks
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory proto-check
+	$(MAKE) --no-print-directory workers-check
 
 .PHONY: proto
 proto: install ## regenerate the gRPC/protobuf code from proto/
@@ -47,6 +48,10 @@ proto: install ## regenerate the gRPC/protobuf code from proto/
 .PHONY: proto-check
 proto-check: install ## fail if the committed generated code differs from a fresh regeneration
 	$(PY) scripts/check_proto.py
+
+.PHONY: workers-check
+workers-check: install ## fail if scripts, settings, Dockerfile or chart disagree with the worker catalogue
+	$(PY) scripts/check_workers.py
 
 .PHONY: helm-check
 helm-check: install ## hadolint the Dockerfile; helm lint, render and validate the chart (offline)

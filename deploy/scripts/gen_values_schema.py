@@ -5,6 +5,9 @@ JSON Schema's own reuse (``$ref`` + ``unevaluatedProperties``) makes Helm print 
 "false schema" line for every valid key next to the one real error. Expanding the
 shared keys here keeps ``additionalProperties: false`` and the messages short:
 ``- at '/components/ingest/replicas': got string, want integer``.
+
+The workers' components (one per image; a worker sharing an image is a container in
+that pod) come from the worker catalogue, ``engram_core.worker_catalog``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "helm" / "engram" / "values.schema.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The catalogue is pure data: any Python can run this script, with or without the venv.
+sys.path.insert(0, str(REPO_ROOT / "libs" / "engram-core" / "src"))
+from engram_core.worker_catalog import WORKER_CATALOG  # noqa: E402
+
+SCHEMA_PATH = REPO_ROOT / "deploy" / "helm" / "engram" / "values.schema.json"
 
 
 def obj(props: dict[str, Any], required: tuple[str, ...] = (), **kw: Any) -> dict[str, Any]:
@@ -164,6 +172,68 @@ NO_LAG_AUTOSCALING = {
     "properties": {"jetstreamLag": {"properties": {"enabled": {"const": False}}}},
 }
 defs["worker"] = obj(WORKER, required=("enabled", "healthPort"))
+#: The component whose pod is the single writer of the mirror's git tree.
+SINGLE_WRITER = "file-mirror"
+
+
+def single_writer(sidecars: dict[str, Any]) -> dict[str, Any]:
+    return obj(
+        {
+            **WORKER,
+            "replicas": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "0 or 1: the mirror is a single writer",
+            },
+            "autoscaling": {
+                "$ref": "#/$defs/autoscaling",
+                "properties": {
+                    "enabled": {
+                        "const": False,
+                        "description": "the mirror is a single writer and cannot autoscale",
+                    }
+                },
+            },
+            "persistence": {"$ref": "#/$defs/persistence"},
+            **sidecars,
+        },
+        required=("enabled", "healthPort", "persistence", *sidecars),
+        description="The single writer of the mirror's git tree: one StatefulSet pod at most.",
+    )
+
+
+def worker_components() -> dict[str, Any]:
+    """A component per worker image of the catalogue (engram_core.worker_catalog); a
+    worker that shares another's image is a container in that pod, keyed by its name."""
+    components: dict[str, Any] = {}
+    for entry in WORKER_CATALOG:
+        if entry.sidecar:
+            continue
+        sidecars = {
+            other.name: obj(
+                {
+                    "enabled": BOOL,
+                    "healthPort": PORT,
+                    "resources": {"$ref": "#/$defs/resources"},
+                    "env": {"$ref": "#/$defs/env"},
+                },
+                required=("enabled", "healthPort"),
+            )
+            for other in WORKER_CATALOG
+            if other.sidecar and other.image == entry.image
+        }
+        if entry.image == SINGLE_WRITER:
+            components[entry.image] = single_writer(sidecars)
+        elif sidecars:
+            raise SystemExit(
+                f"{entry.image}: the chart runs sidecar workers only in the mirror's pod"
+            )
+        else:
+            components[entry.image] = worker
+    return components
+
+
 components = obj(
     {
         "gateway": obj(
@@ -204,44 +274,9 @@ components = obj(
             },
             required=("enabled", "port", "persistence"),
         ),
-        "ingest": worker,
-        "reconcile": worker,
-        "summarize": worker,
-        "evict": worker,
-        "file-mirror": obj(
-            {
-                **WORKER,
-                "replicas": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "maximum": 1,
-                    "description": "0 or 1: the mirror is a single writer",
-                },
-                "autoscaling": {
-                    "$ref": "#/$defs/autoscaling",
-                    "properties": {
-                        "enabled": {
-                            "const": False,
-                            "description": "the mirror is a single writer and cannot autoscale",
-                        }
-                    },
-                },
-                "persistence": {"$ref": "#/$defs/persistence"},
-                "edits": obj(
-                    {
-                        "enabled": BOOL,
-                        "healthPort": PORT,
-                        "resources": {"$ref": "#/$defs/resources"},
-                        "env": {"$ref": "#/$defs/env"},
-                    },
-                    required=("enabled", "healthPort"),
-                ),
-            },
-            required=("enabled", "healthPort", "persistence", "edits"),
-            description="The single writer of the mirror's git tree: one StatefulSet pod at most.",
-        ),
+        **worker_components(),
     },
-    required=("gateway", "retrieval", "ingest", "reconcile", "summarize", "evict", "file-mirror"),
+    required=("gateway", "retrieval", *worker_components()),
 )
 
 schema = {

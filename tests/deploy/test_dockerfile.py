@@ -8,17 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from engram_core.worker_catalog import WORKER_CATALOG
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO_ROOT / "deploy" / "Dockerfile"
-#: chart component -> the console script its image runs
+#: chart component -> the console script its image runs (a worker image: its first worker)
 COMMANDS = {
     "gateway": "engram-gateway",
     "retrieval": "engram-retrieval",
-    "ingest": "engram-ingest",
-    "reconcile": "engram-reconcile",
-    "summarize": "engram-summarize",
-    "evict": "engram-evict",
-    "file-mirror": "engram-mirror",
+    **{entry.image: entry.script for entry in WORKER_CATALOG if not entry.sidecar},
 }
 
 

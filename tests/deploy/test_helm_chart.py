@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
+from engram_core.worker_catalog import WORKER_CATALOG, worker_entry
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "deploy" / "helm" / "engram"
 RELEASE = "engram"
-COMPONENTS = ("gateway", "retrieval", "ingest", "reconcile", "summarize", "evict", "file-mirror")
-WORKERS = ("ingest", "reconcile", "summarize", "evict", "file-mirror")
+#: A component per worker image (engram_core.worker_catalog); a sidecar worker shares one.
+WORKERS = tuple(entry.image for entry in WORKER_CATALOG if not entry.sidecar)
+COMPONENTS = ("gateway", "retrieval", *WORKERS)
 
 Obj = dict[str, Any]
 
@@ -113,7 +116,12 @@ def walk_strings(value: Any) -> Iterator[str]:
             yield from walk_strings(item)
 
 
-HEALTH_PORTS = {"ingest": 8201, "reconcile": 8202, "summarize": 8203, "evict": 8204}
+#: The workers each in a Deployment of its own (the mirror's pod is a StatefulSet).
+HEALTH_PORTS = {
+    entry.name: entry.health_port
+    for entry in WORKER_CATALOG
+    if not entry.sidecar and entry.image == entry.name
+}
 
 
 def full(component: str) -> str:
@@ -203,12 +211,12 @@ def test_file_mirror_is_a_statefulset_with_a_volume_claim_and_the_edits_worker()
     mirror, edits = containers(mirror_set)
     assert {m["mountPath"]: m["name"] for m in mirror["volumeMounts"]}["/data"] == "data"
     assert env_of(mirror)["ENGRAM_MIRROR_ROOT"]["value"] == "/data/mirror"
-    assert mirror["readinessProbe"]["httpGet"]["port"] == 8205
+    assert mirror["readinessProbe"]["httpGet"]["port"] == worker_entry("mirror").health_port
     # The edits worker: same image, its own entry point, health port and trace name;
     # it never touches the mirror's volume.
     assert edits["image"] == mirror["image"]
     assert edits["command"] == ["engram-edits"]
-    assert edits["readinessProbe"]["httpGet"]["port"] == 8206
+    assert edits["readinessProbe"]["httpGet"]["port"] == worker_entry("edits").health_port
     assert env_of(edits)["OTEL_SERVICE_NAME"]["value"] == "engram-edits"
     assert "/data" not in {m["mountPath"] for m in edits["volumeMounts"]}
     service = named(objects, "Service", spec["serviceName"])

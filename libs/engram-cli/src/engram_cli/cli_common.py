@@ -29,14 +29,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pydantic import Field, SecretStr, model_validator
 
 from engram_core.settings import ConfigError, EngramSettings, load_settings
+from engram_core.worker_catalog import WORKER_CATALOG, worker_names
 
 if TYPE_CHECKING:
     import httpx2
     from faststream.nats import NatsBroker
 
-#: Every worker, in start order; each is its own process (``engram-<name>``) with its
-#: health port at ``health_port_base`` + its position.
-WORKERS = ("ingest", "reconcile", "summarize", "evict", "mirror", "edits")
+#: Every worker, in start order (engram_core.worker_catalog); each has its health port at
+#: ``health_port_base`` + its offset in the catalogue.
+WORKERS = worker_names()
 DEFAULT_RETRIEVAL = "127.0.0.1:50051"
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}
 
@@ -66,9 +67,10 @@ class CliSettings(EngramSettings):
         default="", description="Where `engram up` makes retrieval listen (host:port)."
     )
     health_port_base: int = Field(
-        default=8201,
+        default=WORKER_CATALOG[0].health_port,
         ge=1,
-        le=65535 - len(WORKERS),
+        le=65535
+        - max(entry.health_port - WORKER_CATALOG[0].health_port for entry in WORKER_CATALOG),
         description="The workers' health endpoints listen on this port and the next ones.",
     )
     api_key: SecretStr | None = Field(
@@ -109,7 +111,11 @@ class CliSettings(EngramSettings):
         return self.mirror_root or self.data_dir / "mirror"
 
     def worker_health_ports(self) -> dict[str, int]:
-        return {worker: self.health_port_base + i for i, worker in enumerate(WORKERS)}
+        first = WORKER_CATALOG[0].health_port
+        return {
+            entry.name: self.health_port_base + entry.health_port - first
+            for entry in WORKER_CATALOG
+        }
 
 
 def _local_gateway_url(host: str, port: object) -> str:

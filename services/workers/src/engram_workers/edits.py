@@ -33,6 +33,7 @@ from engram_core.events import MemoryChanged, MemoryEdited
 from engram_core.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_core.logging import get_logger
 from engram_core.memory_ops import MemoryOps
+from engram_core.worker_catalog import worker_entry
 from engram_workers.runtime import (
     Delivery,
     RetryableError,
@@ -49,7 +50,10 @@ CAUSE = "mirror-edit"
 
 class EditsSettings(WorkerSettings, LockSettingsMixin):
     health_port: int = Field(
-        default=8206, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+        default=worker_entry("edits").health_port,
+        ge=0,
+        le=65535,
+        description="Port of /healthz and /readyz; 0 disables.",
     )
     worker_concurrency: int = Field(
         default=1,

@@ -36,6 +36,7 @@ from engram_core.events import MemoryChanged
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
 from engram_core.memory_port import MemoryPort
+from engram_core.worker_catalog import worker_entry
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
     Delivery,
@@ -54,7 +55,10 @@ COUNTED_KINDS: tuple[MemoryKindName, ...] = ("turn", "fact", "episode")
 
 class EvictSettings(WorkerSettings, LockSettingsMixin):
     health_port: int = Field(
-        default=8204, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+        default=worker_entry("evict").health_port,
+        ge=0,
+        le=65535,
+        description="Port of /healthz and /readyz; 0 disables.",
     )
     max_entries: int = Field(
         default=500,

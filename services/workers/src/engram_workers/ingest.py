@@ -34,6 +34,7 @@ from engram_core.events import TurnPersisted
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.memory_writes import Change, apply
+from engram_core.worker_catalog import worker_entry
 from engram_workers import extraction
 from engram_workers.llm import AskLlm, FellBack, LlmClient, LlmSettingsMixin
 from engram_workers.runtime import (
@@ -56,7 +57,10 @@ EXTRACTION_DISABLED = "extraction is disabled (ENGRAM_EXTRACTION_ENABLED=false)"
 
 class IngestSettings(WorkerSettings, LlmSettingsMixin):
     health_port: int = Field(
-        default=8201, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+        default=worker_entry("ingest").health_port,
+        ge=0,
+        le=65535,
+        description="Port of /healthz and /readyz; 0 disables.",
     )
     extraction_enabled: bool = Field(
         default=True, description="Extract facts from user turns (one LLM call per turn)."

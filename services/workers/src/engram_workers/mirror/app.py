@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import Field
 
 from engram_core.events import MemoryChanged
+from engram_core.worker_catalog import worker_entry
 from engram_workers.mirror.core import Mirror
 from engram_workers.runtime import (
     Delivery,
@@ -31,7 +32,10 @@ MAX_FRONT_MATTER_BYTES = 16 * 1024
 
 class MirrorSettings(WorkerSettings):
     health_port: int = Field(
-        default=8205, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+        default=worker_entry("mirror").health_port,
+        ge=0,
+        le=65535,
+        description="Port of /healthz and /readyz; 0 disables.",
     )
     worker_concurrency: int = Field(
         default=1,

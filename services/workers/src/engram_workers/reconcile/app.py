@@ -44,6 +44,7 @@ from engram_core.near_duplicates import (
     normalise_text,
     similar_facts_query,
 )
+from engram_core.worker_catalog import worker_entry
 from engram_workers.llm import AskLlm, LlmClient, LlmSettingsMixin
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.reconcile import core
@@ -63,7 +64,10 @@ class ReconcileSettings(
     WorkerSettings, LlmSettingsMixin, LockSettingsMixin, NearDuplicateSettingsMixin
 ):
     health_port: int = Field(
-        default=8202, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+        default=worker_entry("reconcile").health_port,
+        ge=0,
+        le=65535,
+        description="Port of /healthz and /readyz; 0 disables.",
     )
     reconcile_model: str = Field(
         default="",

@@ -41,6 +41,7 @@ from engram_core.events import MemoryChanged, MemoryChangeOp
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
 from engram_core.memory_writes import Change, apply
+from engram_core.worker_catalog import worker_entry
 from engram_workers.llm import AskLlm, LlmClient, LlmSettingsMixin
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
@@ -62,7 +63,10 @@ LIST_PAGE = 100
 
 class SummarizeSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
     health_port: int = Field(
-        default=8203, ge=0, le=65535, description="Port of /healthz and /readyz; 0 disables."
+        default=worker_entry("summarize").health_port,
+        ge=0,
+        le=65535,
+        description="Port of /healthz and /readyz; 0 disables.",
     )
     summarize_model: str = Field(
         default="",
