@@ -36,7 +36,14 @@ def stack(
     monkeypatch.setenv("ENGRAM_LLM_BASE_URL", scripted_upstream.base_url)
     monkeypatch.setenv("ENGRAM_TRACES_FILE", str(spans_file))
     monkeypatch.setenv("ENGRAM_LOG_FORMAT", "json")
-    running = Stack(stack_settings(tmp_path / "data"), echo=lambda _: None, relay_logs=False)
+    # A process per worker, as the chart deploys them: the trace tests name each
+    # worker's service (in one process they all are engram-workers).
+    running = Stack(
+        stack_settings(tmp_path / "data"),
+        echo=lambda _: None,
+        relay_logs=False,
+        process_per_worker=True,
+    )
     try:
         running.start()
         yield running
@@ -113,6 +120,7 @@ def two_tenant_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoTe
         echo=lambda _: None,
         relay_logs=False,
         workers=("ingest", "reconcile", "summarize"),
+        process_per_worker=True,  # the MCP tests follow a turn through each worker's service
         extra_env={
             "ENGRAM_LLM_BASE_URL": upstream.base_url,
             # add_memory sends no model: the workers' own decides what extraction uses

@@ -45,6 +45,7 @@ def start_stack(
             echo=lambda _: None,
             relay_logs=False,
             workers=("ingest",),
+            process_per_worker=True,  # ingest is killed alone
             extra_env={"ENGRAM_EXTRACTION_ENABLED": "false", **env},
         )
         stacks.append(running)

@@ -31,7 +31,21 @@ TENANT = "default"
 
 @pytest.fixture(scope="module")
 def learning(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The stack as `engram up` runs it: every worker in one process."""
     stack, upstream = start_stack(tmp_path_factory.mktemp("learning") / "data")
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def per_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A process per worker (the chart's layout), so one worker can be killed alone."""
+    stack, upstream = start_stack(
+        tmp_path_factory.mktemp("per-process") / "data", process_per_worker=True
+    )
     try:
         yield stack
     finally:
@@ -257,10 +271,15 @@ async def _equals(awaitable, expected) -> bool:
     return (await awaitable) == expected
 
 
-@pytest.mark.parametrize("worker", ["ingest", "reconcile"])
+@pytest.mark.parametrize(
+    ("layout", "worker"),
+    [("per_process", "ingest"), ("per_process", "reconcile"), ("learning", "workers")],
+)
 async def test_a_worker_killed_mid_burst_loses_and_duplicates_nothing(
-    learning: Stack, worker: str
+    request: pytest.FixtureRequest, layout: str, worker: str
 ) -> None:
+    # "workers": the one process every worker shares, killed with all of them in it
+    learning: Stack = request.getfixturevalue(layout)
     memory = Memory(learning, f"seed-crash-{worker}", user=f"user-crash-{worker}")
     # distinct topics: facts that differ by a number alone are near-duplicates
     topics = [

@@ -95,7 +95,9 @@ def test_up_tells_its_children_where_the_others_are(
     assert env["gateway"]["ENGRAM_RETRIEVAL_ADDRESS"] == "127.0.0.1:6000"
     assert env["retrieval"]["ENGRAM_RETRIEVAL_LISTEN"] == "0.0.0.0:6000"
     assert env["gateway"]["ENGRAM_GATEWAY_PORT"] == "9100"
-    assert env["ingest"]["ENGRAM_HEALTH_PORT"] == "9300"
+    workers = next(c for c in stack.components if c.name == "workers")
+    assert workers.command[1:3] == ["--health-port-base", "9300"]
+    assert workers.env["ENGRAM_RETRIEVAL_ADDRESS"] == "127.0.0.1:6000"
     gateway = next(c for c in stack.components if c.name == "gateway")
     assert gateway.endpoint == "http://127.0.0.1:9100/v1"  # what it tells you to use
 

@@ -1,18 +1,43 @@
-"""`engram up`'s component list: every worker by default, a chosen subset, no typos."""
+"""`engram up`'s component list: every worker in one process by default, a process per
+worker when asked, a chosen subset, no typos."""
 
 from pathlib import Path
 
 import pytest
 
-from engram_cli.stack.up import WORKERS, Stack, StackSettings
+from engram_cli.stack.up import ALL_WORKERS, WORKERS, Stack, StackSettings
 
 
 def names(stack: Stack) -> list[str]:
     return [c.name for c in stack.components]
 
 
-def test_every_worker_is_its_own_process_with_its_own_health_port(tmp_path: Path) -> None:
+def test_the_workers_share_one_process_each_with_its_own_health_port(tmp_path: Path) -> None:
     stack = Stack(StackSettings(data_dir=tmp_path, health_port_base=9300), echo=lambda _: None)
+    assert names(stack) == ["retrieval", "gateway", ALL_WORKERS]
+    (workers,) = [c for c in stack.components if c.name == ALL_WORKERS]
+    assert workers.command[0].endswith("engram-workers")
+    assert workers.command[1:] == ["--health-port-base", "9300"]  # all of them: no --only
+    assert workers.env["OTEL_SERVICE_NAME"] == "engram-workers"
+    assert "ENGRAM_HEALTH_PORT" not in workers.env
+    # ready when every worker's /readyz is: the endpoint names each port
+    assert [f":{9300 + i}/readyz" in workers.endpoint for i in range(len(WORKERS))] == [True] * len(
+        WORKERS
+    )
+
+
+def test_a_worker_of_the_shared_process_cannot_be_killed_alone(tmp_path: Path) -> None:
+    stack = Stack(StackSettings(data_dir=tmp_path), echo=lambda _: None)
+    with pytest.raises(ValueError, match="process_per_worker"):
+        stack.kill("ingest")
+
+
+def test_every_worker_is_its_own_process_with_its_own_health_port(tmp_path: Path) -> None:
+    stack = Stack(
+        StackSettings(data_dir=tmp_path, health_port_base=9300),
+        echo=lambda _: None,
+        process_per_worker=True,
+    )
     assert names(stack) == ["retrieval", "gateway", *WORKERS]
     ports = [c.env["ENGRAM_HEALTH_PORT"] for c in stack.components if c.name in WORKERS]
     assert ports == [str(9300 + i) for i in range(len(WORKERS))]
@@ -22,8 +47,18 @@ def test_every_worker_is_its_own_process_with_its_own_health_port(tmp_path: Path
 
 
 def test_a_subset_of_workers(tmp_path: Path) -> None:
-    stack = Stack(StackSettings(data_dir=tmp_path), echo=lambda _: None, workers=("ingest",))
-    assert names(stack) == ["retrieval", "gateway", "ingest"]
+    chosen = ("ingest", "mirror")
+    stack = Stack(
+        StackSettings(data_dir=tmp_path),
+        echo=lambda _: None,
+        workers=chosen,
+        process_per_worker=True,
+    )
+    assert names(stack) == ["retrieval", "gateway", "ingest", "mirror"]
+    shared = Stack(StackSettings(data_dir=tmp_path), echo=lambda _: None, workers=chosen)
+    assert shared.components[-1].command[-2:] == ["--only", "ingest,mirror"]
+    none = Stack(StackSettings(data_dir=tmp_path), echo=lambda _: None, workers=())
+    assert names(none) == ["retrieval", "gateway"]
 
 
 def test_an_unknown_worker_is_refused(tmp_path: Path) -> None:

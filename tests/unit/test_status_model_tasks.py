@@ -8,7 +8,7 @@ import io
 
 from opentelemetry.sdk.resources import Resource
 
-from engram_cli.stack.status import model_task_rates, print_model_tasks
+from engram_cli.stack.status import model_task_rates, one_per_process, print_model_tasks
 from engram_core import metrics, semconv
 from engram_core.metrics import prometheus_exposition, setup_metrics
 
@@ -82,3 +82,16 @@ def test_the_table_names_the_task_the_model_the_rate_and_why() -> None:
     down = io.StringIO()
     print_model_tasks({"error": "no /metrics from ingest, reconcile, summarize"}, down)
     assert "no /metrics" in down.getvalue()
+
+
+def test_workers_sharing_one_process_are_counted_once() -> None:
+    setup_metrics(Resource.create({"service.name": "engram-test"}))
+    counted("summarize", "shared-process-model", "answered", 2)
+    text = prometheus_exposition()[0].decode()
+    # engram-workers answers /metrics on ingest's, reconcile's and summarize's ports alike
+    once = model_task_rates("\n".join(one_per_process([text, text, text])))
+    assert [r["asked"] for r in once if r["model"] == "shared-process-model"] == [2]
+    # separate processes count separate tasks: every one of them is kept
+    ingest = 'engram_llm_tasks_total{engram_llm_task="extract_facts"} 3.0'
+    reconcile = 'engram_llm_tasks_total{engram_llm_task="reconcile"} 3.0'
+    assert one_per_process([ingest, reconcile, "", ""]) == [ingest, reconcile, "", ""]

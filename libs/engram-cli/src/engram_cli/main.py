@@ -12,7 +12,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from engram_cli.cli_common import cli_settings
     from engram_cli.stack.up import run_stack
 
-    return run_stack(cli_settings(args))
+    return run_stack(cli_settings(args), process_per_worker=args.process_per_worker)
 
 
 def _up_description() -> str:
@@ -146,6 +146,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description=_up_description(),
     )
     add_data_dir_flag(up)
+    up.add_argument(
+        "--process-per-worker",
+        action="store_true",
+        help="run each worker in its own process (engram-<name>), as the chart deploys them; "
+        "by default the workers share one process (engram-workers)",
+    )
     up.set_defaults(func=_cmd_up)
 
     scripted = commands.add_parser(
@@ -202,9 +208,17 @@ _COMMANDS: dict[str, tuple[str, str, Callable[[argparse.Namespace], int]]] = {
 }
 
 
+#: Commands the parser always has: they need no other command's parser.
+_BUILT_IN = ("up", "scripted-llm")
+
+
 def _command_in(argv: list[str]) -> str | None:
-    """The command ``argv`` runs, when it is one of :data:`_COMMANDS` (else None)."""
+    """The command ``argv`` runs, when it is one of :data:`_COMMANDS`; "" for a built-in
+    one (no other command's module is imported: ``engram up`` supervises the stack for
+    hours, and the benchmarks' modules held 80 MB of it); else None (the whole parser)."""
     first = next((arg for arg in argv if not arg.startswith("-")), None)
+    if first in _BUILT_IN:
+        return ""
     return first if first in _COMMANDS else None
 
 

@@ -84,6 +84,8 @@ async def running_stack(
                     **(extra_env or {}),
                 },
                 workers=workers,
+                # Per-process CPU, profiles and SIGSTOP of the workers need a process each.
+                process_per_worker=True,
             )
             sys.stderr.write(f"starting the stack (workers: {', '.join(workers)})...\n")
             try:

@@ -8,8 +8,9 @@
 - memories per kind for a tenant (retrieval ``Count``, current versions and all);
 - the workers' model tasks per task and model: how many were asked, how many took their
   fallback and why (``engram.llm.tasks`` on each model-calling worker's ``/metrics``,
-  counted since that worker started) — a small local model whose answers cannot be
-  used shows up here before anyone misses a fact.
+  counted since that worker started; once per process where workers share one) — a
+  small local model whose answers cannot be used shows up here before anyone misses a
+  fact.
 
 Exit status 0 when every service answered ready, 1 otherwise.
 """
@@ -166,6 +167,22 @@ def model_task_rates(exposition: str) -> list[dict[str, Any]]:
     return rows
 
 
+def one_per_process(texts: list[str]) -> list[str]:
+    """The ``/metrics`` texts without repeats of one process's counts: the workers that
+    share a process (``engram-workers``) each answer ``/metrics`` with the process's
+    counters, which must be counted once. Distinct workers count distinct tasks, so two
+    texts with the same non-empty task lines come from one process."""
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for text in texts:
+        lines = tuple(sorted(ln for ln in text.splitlines() if ln.startswith(_TASKS_SAMPLE)))
+        if lines and lines in seen:
+            continue
+        seen.add(lines)
+        kept.append(text)
+    return kept
+
+
 async def _model_tasks(http: httpx2.AsyncClient, ports: dict[str, int]) -> dict[str, Any]:
     texts, unreachable = [], []
     for worker in MODEL_WORKERS:
@@ -180,7 +197,7 @@ async def _model_tasks(http: httpx2.AsyncClient, ports: dict[str, int]) -> dict[
             unreachable.append(worker)
     if not texts:
         return {"error": f"no /metrics from {', '.join(MODEL_WORKERS)}"}
-    result: dict[str, Any] = {"tasks": model_task_rates("\n".join(texts))}
+    result: dict[str, Any] = {"tasks": model_task_rates("\n".join(one_per_process(texts)))}
     if unreachable:
         result["unreachable"] = unreachable
     return result

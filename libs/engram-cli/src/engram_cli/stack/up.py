@@ -1,10 +1,15 @@
 """``engram up``: the whole local stack as separate processes under one supervisor.
 
 Starts a real nats-server with JetStream under the data dir, then the retrieval
-service, the gateway and every worker as child processes; prefixes and tees their
+service, the gateway and the workers as child processes; prefixes and tees their
 logs; waits until each is ready; prints where each listens; and on Ctrl-C (or when
 any child dies) stops everything in reverse order. State lives under the data dir,
 so a second ``engram up`` reuses it.
+
+The workers share one process (``engram-workers``, component ``workers``), each still
+its own durable consumer with its own health port, so a laptop install stays small;
+``process_per_worker`` (``engram up --process-per-worker``) starts one process per
+worker (``engram-<name>``, component ``<name>``), the layout the chart deploys.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from engram_cli.stack.nats_server import NatsServerProcess, port_is_open
 from engram_core.settings import parse_nats_urls
 
 READY_TIMEOUT_S = 180.0
+#: The component that runs every worker in one process (unless ``process_per_worker``).
+ALL_WORKERS = "workers"
 STOP_TIMEOUT_S = 15.0
 #: ``engram up`` reads the CLI's one settings class: where it places each piece is where
 #: the client commands look for it.
@@ -61,15 +68,17 @@ def _http_ok(*urls: str) -> Callable[[], bool]:
 def _grpc_serving(address: str) -> Callable[[], bool]:
     def check() -> bool:
         import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_health.v1 import health_pb2
 
         with grpc.insecure_channel(address) as channel:
             try:
-                stub = health_pb2_grpc.HealthStub(channel)
-                # types-grpcio-health-checking declares HealthStub without its methods.
-                reply: health_pb2.HealthCheckResponse = stub.Check(  # type: ignore[attr-defined]
-                    health_pb2.HealthCheckRequest(service=""), timeout=1.0
+                # The health service's one method, typed (the stubs' HealthStub has none).
+                health_check = channel.unary_unary(
+                    "/grpc.health.v1.Health/Check",
+                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                    response_deserializer=health_pb2.HealthCheckResponse.FromString,
                 )
+                reply = health_check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
             except grpc.RpcError:
                 return False
             return reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -106,6 +115,7 @@ class Stack:
         relay_logs: bool = True,
         extra_env: dict[str, str] | None = None,
         workers: tuple[str, ...] = WORKERS,
+        process_per_worker: bool = False,
     ) -> None:
         unknown = set(workers) - set(WORKERS)
         if unknown:
@@ -113,6 +123,7 @@ class Stack:
         self.settings = settings
         self.extra_env = extra_env or {}
         self.workers = workers
+        self.process_per_worker = process_per_worker
         self.echo = echo
         self.relay_logs = relay_logs
         self.log_format = services_log_format(
@@ -169,7 +180,15 @@ class Stack:
                 # then goes without memory); `up` started retrieval, so it waits for both.
                 is_ready=_http_ok(f"{gateway_url}/readyz", f"{gateway_url}/readyz/memory"),
             ),
-            *(
+            *self._worker_components(base),
+        ]
+
+    def _worker_components(self, base: dict[str, str]) -> list[Component]:
+        ports = {w: p for w, p in self.worker_health_ports().items() if w in self.workers}
+        if not ports:
+            return []
+        if self.process_per_worker:
+            return [
                 Component(
                     name=worker,
                     command=[_script(f"engram-{worker}")],
@@ -181,9 +200,25 @@ class Stack:
                     endpoint=f"health http://127.0.0.1:{port}/readyz",
                     is_ready=_http_ok(f"http://127.0.0.1:{port}/readyz"),
                 )
-                for worker, port in self.worker_health_ports().items()
-                if worker in self.workers
-            ),
+                for worker, port in ports.items()
+            ]
+        command = [
+            _script("engram-workers"),
+            "--health-port-base",
+            str(self.settings.health_port_base),
+        ]
+        if tuple(ports) != WORKERS:
+            command += ["--only", ",".join(ports)]
+        env = {key: value for key, value in base.items() if key != "ENGRAM_HEALTH_PORT"}
+        return [
+            Component(
+                name=ALL_WORKERS,
+                command=command,
+                env={**env, "OTEL_SERVICE_NAME": "engram-workers"},
+                endpoint="health "
+                + ", ".join(f"{w} http://127.0.0.1:{p}/readyz" for w, p in ports.items()),
+                is_ready=_http_ok(*(f"http://127.0.0.1:{p}/readyz" for p in ports.values())),
+            )
         ]
 
     def worker_health_ports(self) -> dict[str, int]:
@@ -200,6 +235,13 @@ class Stack:
         )
         self.nats.start()
         self.echo(f"engram: nats       ready  {self.nats.url} (JetStream, {self.nats.store_dir})")
+        if self.process_per_worker:
+            self.echo("engram: a process per worker (--process-per-worker)")
+        else:
+            self.echo(
+                f"engram: the workers ({', '.join(self.workers)}) share one process, each "
+                "its own durable consumer; --process-per-worker runs one process each"
+            )
         for component in self.components:
             self._spawn(component)
         self._wait_ready()
@@ -275,7 +317,18 @@ class Stack:
             time.sleep(0.1)
 
     def _component(self, name: str) -> Component:
-        return next(c for c in self.components if c.name == name)
+        for component in self.components:
+            if component.name == name:
+                return component
+        shared = (
+            ""
+            if self.process_per_worker
+            else f"; the workers share the process {ALL_WORKERS!r} (process_per_worker=True "
+            "gives each its own)"
+        )
+        raise ValueError(
+            f"no component {name!r} (have {', '.join(c.name for c in self.components)}){shared}"
+        )
 
     def check_alive(self) -> None:
         if self.nats.process is not None and self.nats.process.poll() is not None:
@@ -316,9 +369,9 @@ class Stack:
         self.echo("engram: stopped")
 
 
-def run_stack(settings: CliSettings) -> int:
+def run_stack(settings: CliSettings, *, process_per_worker: bool = False) -> int:
     """Run until Ctrl-C / SIGTERM or until a component dies. Returns the exit code."""
-    stack = Stack(settings)
+    stack = Stack(settings, process_per_worker=process_per_worker)
     stop_requested = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
