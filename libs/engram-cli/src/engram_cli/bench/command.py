@@ -249,6 +249,7 @@ def add_bench_parser(
     handler: Callable[[argparse.Namespace], int],
 ) -> None:
     from engram_cli.bench.corrections import add_corrections_parser
+    from engram_cli.bench.footprint import add_footprint_parser
     from engram_cli.bench.locomo.bench import add_locomo_parser
     from engram_cli.bench.locomo.qa import add_qa_parser
     from engram_cli.bench.overhead import add_overhead_parser
@@ -267,6 +268,7 @@ def add_bench_parser(
     add_qa_parser(kinds, handler)
     add_corrections_parser(kinds, handler)
     add_overhead_parser(kinds, handler)
+    add_footprint_parser(kinds, handler)
     latency = kinds.add_parser("latency", help="Search latency at growing store sizes")
     latency.add_argument("--sizes", default="1000,10000", help="store sizes (comma-separated)")
     latency.add_argument("--queries", type=int, default=200, help="searches per size")
