@@ -229,9 +229,9 @@ async def test_a_new_summary_or_profile_entry_evicts_nothing_a_new_turn_does(
 
 def test_the_newest_episode_is_never_chosen() -> None:
     episodes = [record_from_pb(memory(f"episode-{i}", pb.MEMORY_KIND_EPISODE, i)) for i in range(3)]
-    order = eviction_order([], [], episodes)
+    order = eviction_order({"episode": episodes})
     assert [m.id for m in order] == [episodes[0].id, episodes[1].id]
-    assert eviction_order([], [], episodes[:1]) == []
+    assert eviction_order({"episode": episodes[:1]}) == []
 
 
 async def _equals(awaitable: Any, expected: Any) -> bool:

@@ -10,7 +10,8 @@ instead of writing its own rules, so a correction means the same thing whoever m
 - **edit**: the edited id stays the current version (``valid_from`` = the edit); the
   state before the edit is kept as a **history version** under a new id derived from
   that state, superseded by the edited id.
-- **correct**: when a fact or profile entry is superseded, deleted or its text edited,
+- **correct**: when a fact or profile entry (:mod:`engram_core.kinds`:
+  ``corrects_source_turns``) is superseded, deleted or its text edited,
   the turns it came from are marked ``corrected_by`` / ``corrected_at`` in their
   metadata. Search demotes such turns and the gateway injects them only as labelled
   history ("earlier, corrected on …"), so a statement that was corrected never
@@ -31,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 from engram_core.events import MemoryChanged, MemoryChangeOp
+from engram_core.kinds import kind_policy
 from engram_core.memory import MemoryRecord
 
 #: Metadata keys of a corrected turn.
@@ -144,9 +146,9 @@ def text_changed(before: MemoryRecord, after: MemoryRecord) -> bool:
 
 def corrects_its_turns(before: MemoryRecord, after: MemoryRecord | None) -> bool:
     """Whether changing ``before`` into ``after`` (None: deleted, or superseded) makes the
-    turns it came from outdated: a fact or profile entry that is gone or says something
-    else now."""
-    if before.kind not in ("fact", "profile") or not before.source_turn_ids:
+    turns it came from outdated: a fact or profile entry (a kind that
+    ``corrects_source_turns``) that is gone or says something else now."""
+    if not kind_policy(before.kind).corrects_source_turns or not before.source_turn_ids:
         return False
     return after is None or not after.is_current or text_changed(before, after)
 
@@ -157,8 +159,8 @@ def is_corrected(metadata: dict[str, str]) -> bool:
 
 def corrected(turn: MemoryRecord, *, by: str, at: datetime) -> MemoryRecord | None:
     """``turn`` marked as corrected by ``by`` (the memory that now holds the information,
-    "" when it was retracted), or None when it is already marked."""
-    if turn.kind != "turn" or is_corrected(turn.metadata):
+    "" when it was retracted), or None when it is already marked or no chat message."""
+    if not kind_policy(turn.kind).chat_message or is_corrected(turn.metadata):
         return None
     stamp = at.isoformat().replace("+00:00", "Z")
     return turn.model_copy(

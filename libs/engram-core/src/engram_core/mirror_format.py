@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engram_core import front_matter
+from engram_core.kinds import KINDS, find_kind, kind_policy
 from engram_core.memory import MemoryKindName, MemoryRecord
 from engram_core.timestamps import compact_utc, storable_utc
 
@@ -68,13 +69,7 @@ __all__ = [
     "user_component",
 ]
 
-KIND_DIRS: dict[MemoryKindName, str] = {
-    "turn": "turns",
-    "fact": "facts",
-    "profile": "profile",
-    "episode": "episodes",
-    "summary": "summaries",
-}
+KIND_DIRS: dict[MemoryKindName, str] = {k.name: k.mirror_dir for k in KINDS}
 _KIND_BY_DIR = {directory: kind for kind, directory in KIND_DIRS.items()}
 #: Turn roles with a directory of their own; any other role goes to ``turns/other``.
 TURN_ROLE_DIRS = ("user", "assistant", "system", "tool")
@@ -190,11 +185,18 @@ def file_stamp(record: MemoryRecord) -> str:
     return compact_utc(record.created_at)
 
 
+def _has_role(kind: str) -> bool:
+    """Whether the kind's files are kept in a folder per role (chat messages)."""
+    policy = find_kind(kind)
+    return policy is not None and policy.chat_message
+
+
 def _sub_dirs(record: MemoryRecord) -> tuple[str, ...]:
-    if record.kind == "turn":
+    directory = kind_policy(record.kind).mirror_dir
+    if _has_role(record.kind):
         role = record.role if record.role in TURN_ROLE_DIRS else OTHER_ROLE_DIR
-        return (KIND_DIRS["turn"], role)
-    return (KIND_DIRS[record.kind],)
+        return (directory, role)
+    return (directory,)
 
 
 def _dated_name(record: MemoryRecord) -> str:
@@ -222,7 +224,7 @@ def _record_dir(tenant: str, record: MemoryRecord) -> PurePosixPath:
 
 def live_path(tenant: str, record: MemoryRecord) -> PurePosixPath:
     """Where a current memory lives, relative to the mirror root."""
-    name = SUMMARY_FILE if record.kind == "summary" else _dated_name(record)
+    name = SUMMARY_FILE if kind_policy(record.kind).one_per_conversation else _dated_name(record)
     return _record_dir(tenant, record).joinpath(*_sub_dirs(record), name)
 
 
@@ -283,7 +285,7 @@ def classify(rel_path: str | PurePosixPath) -> MirrorPath | None:
         rest = rest[1:]
     kind = _KIND_BY_DIR.get(rest[0]) if rest else None
     role = None
-    if kind == "turn" and len(rest) >= 2 and rest[1] != OTHER_ROLE_DIR:
+    if kind is not None and _has_role(kind) and len(rest) >= 2 and rest[1] != OTHER_ROLE_DIR:
         role = rest[1]
     match = _CANONICAL_NAME.match(parts[-1])
     return MirrorPath(
@@ -472,7 +474,7 @@ def parse(
     if not kind:
         raise MirrorFormatError("no kind (front matter 'kind' or a kind directory)")
     fields["kind"] = kind
-    if "role" not in fields and where is not None and where.role and kind == "turn":
+    if "role" not in fields and where is not None and where.role and _has_role(kind):
         fields["role"] = where.role
 
     raw_id = _scalar_str(front.get("id"), "id")

@@ -62,6 +62,7 @@ from engram_core.api_models import (
 )
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, utcnow
+from engram_core.kinds import kind_names
 from engram_core.locks import LockTimeout
 from engram_core.logging import get_logger
 from engram_core.memory import (
@@ -91,6 +92,8 @@ from engram_gateway.turns import ID_NAMESPACE, TurnNotPersisted, TurnScope
 log = get_logger(__name__)
 
 CAUSE = "api"
+#: The kind ``POST /v1/memories`` creates (the one row ``created_by_memory_api``).
+(CREATED_KIND,) = kind_names(lambda k: k.created_by_memory_api)
 MIRROR_HEADER = "X-Engram-Mirror"
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -472,7 +475,7 @@ async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     created_at = body.created_at or utcnow()
     memory = MemoryRecord(
         id=memory_id,
-        kind="fact",
+        kind=CREATED_KIND,
         text=text,
         user_id=body.user,
         conversation_id=conversation,

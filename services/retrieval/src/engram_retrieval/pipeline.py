@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
 from engram_core import semconv
+from engram_core.kinds import find_kind, kind_names, kind_policy
 from engram_core.lifecycle import is_corrected, summary_memory_id
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
@@ -65,7 +66,7 @@ from engram_retrieval.relevance import PoolSignals, RelevanceScorer
 from engram_retrieval.store import MemoryStore, PointFilter, StoredPoint
 from engram_retrieval.temporal import query_window
 
-DEFAULT_SEARCH_KINDS = ("turn", "fact", "episode")
+DEFAULT_SEARCH_KINDS = kind_names(lambda k: k.searched_by_default)
 DEFAULT_SCOPES: tuple[ScopeName, ...] = ("conversation", "user", "global")
 MAX_TOP_K = 100
 MAX_PROFILE_ENTRIES = 200
@@ -147,6 +148,7 @@ def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
     payload = point.payload
     metadata = payload.get("metadata") or {}
     kind = str(payload.get("kind", ""))
+    policy = find_kind(kind)
     return Candidate(
         id=point.id,
         scope=scope,
@@ -159,7 +161,7 @@ def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
         kind=kind,
         owner=(str(payload.get("user_id", "")), str(payload.get("conversation_id", ""))),
         source_ids=tuple(payload.get("source_turn_ids") or ()),
-        corrected=kind == "turn" and is_corrected(metadata),
+        corrected=policy is not None and policy.chat_message and is_corrected(metadata),
     )
 
 
@@ -172,7 +174,8 @@ def display_text(payload: dict[str, Any]) -> str:
 
 
 def _turn_position(c: Candidate) -> tuple[str, int] | None:
-    if c.kind != "turn":
+    policy = find_kind(c.kind)
+    if policy is None or not policy.chat_message:
         return None
     return (c.owner[1], int(c.payload.payload.get("turn_index") or 0))
 
@@ -239,8 +242,11 @@ class SearchPipeline:
     def scopes(self, query: SearchQuery) -> list[Scope]:
         wanted = tuple(dict.fromkeys(query.scopes)) or DEFAULT_SCOPES
         kinds = tuple(dict.fromkeys(query.kinds)) or DEFAULT_SEARCH_KINDS
-        if "summary" in kinds:
-            raise RequestError("kinds: summaries are not searched; see SearchResponse.summary")
+        for kind in kinds:
+            if not kind_policy(kind).embedded:
+                raise RequestError(
+                    f"kinds: {kind} memories are not searched; see SearchResponse.{kind}"
+                )
         user = query.user_id
         conversation = query.conversation_id or DEFAULT_CONVERSATION
         common: dict[str, Any] = {

@@ -9,7 +9,8 @@ Given candidate pools (one per scope) and a relevance score per candidate:
    that replaced it;
 3. small store: when the pools were not truncated and hold at most
    ``small_store_size`` memories in all, return them all: facts first, then episodes and
-   turns, each newest first, corrected turns last;
+   turns, each newest first, corrected turns last (each kind's ``small_store_rank`` in
+   :mod:`engram_core.kinds`, pure data like this module);
 4. drop candidates whose relevance is below ``score_threshold``;
 5. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
    ``total = (1 - w) * relevance + w * recency``;
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from engram_core.kinds import find_kind
 from engram_core.memory import ScopeName
 
 SECONDS_PER_DAY = 86_400.0
@@ -304,15 +306,19 @@ def facts_before_sources(hits: list[ScoredCandidate]) -> list[ScoredCandidate]:
     return ordered
 
 
+def _listed_first(candidate: Candidate) -> bool:
+    policy = find_kind(candidate.kind)
+    return policy is not None and policy.listed_first
+
+
 def facts_first(hits: list[ScoredCandidate], margin: float) -> list[ScoredCandidate]:
-    """The facts (and profile entries) whose relevance is within ``margin`` of the best
-    hit's, ahead of everything else; both groups keep their order."""
+    """The facts (and profile entries: the kinds ``listed_first`` in
+    :mod:`engram_core.kinds`) whose relevance is within ``margin`` of the best hit's,
+    ahead of everything else; both groups keep their order."""
     if not hits:
         return hits
     best = max(h.relevance for h in hits)
-    leading = [
-        h for h in hits if h.candidate.kind in ("fact", "profile") and h.relevance >= best - margin
-    ]
+    leading = [h for h in hits if _listed_first(h.candidate) and h.relevance >= best - margin]
     return leading + [h for h in hits if h not in leading]
 
 
@@ -372,10 +378,11 @@ def mmr_select(
 
 
 def _small_store_class(candidate: Candidate) -> int:
-    """Higher comes first in a small store."""
+    """Higher comes first in a small store (the kind's ``small_store_rank``)."""
     if candidate.corrected:
         return 0
-    return {"fact": 3, "profile": 3, "episode": 2}.get(candidate.kind, 1)
+    policy = find_kind(candidate.kind)
+    return policy.small_store_rank if policy is not None else 1
 
 
 def rank(

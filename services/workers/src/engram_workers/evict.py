@@ -12,6 +12,8 @@ oldest first within each class:
 3. episodes, except the newest one (it anchors episode numbering, see summarize);
 4. current facts.
 
+Which kinds count and this order are the rows' ``eviction`` in :mod:`engram_core.kinds`.
+
 Each victim is announced with ``MemoryChanged(op="evicted", memory=<state before
 removal>, cause="evict")`` *before* it is deleted, with an event id derived from the
 memory, so a crash between the two re-selects the same victims, re-publishes the same
@@ -24,7 +26,7 @@ conversation over its limit.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -33,6 +35,7 @@ from pydantic import Field
 
 from engram_core import lifecycle
 from engram_core.events import MemoryChanged
+from engram_core.kinds import KINDS, Eviction, kind_names, kind_policy
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
 from engram_core.memory_port import MemoryPort
@@ -50,7 +53,7 @@ from engram_workers.runtime import (
 log = get_logger(__name__)
 
 #: The kinds that count towards ``max_entries`` (summary and profile are exempt).
-COUNTED_KINDS: tuple[MemoryKindName, ...] = ("turn", "fact", "episode")
+COUNTED_KINDS: tuple[MemoryKindName, ...] = kind_names(lambda k: k.eviction is not None)
 
 
 class EvictSettings(WorkerSettings, LockSettingsMixin):
@@ -88,36 +91,54 @@ def _age_key(memory: MemoryRecord) -> tuple[datetime, int, str]:
     return (memory.created_at or _EPOCH, memory.turn_index, memory.id)
 
 
-def eviction_order(
-    turns: Sequence[MemoryRecord], facts: Sequence[MemoryRecord], episodes: Sequence[MemoryRecord]
-) -> list[MemoryRecord]:
-    """Every evictable memory, first to go first (pure; the rules in one place)."""
-    oldest_first = sorted(turns, key=_age_key)
-    facts = sorted(facts, key=_age_key)
-    oldest_first += [f for f in facts if f.superseded_by]
-    # The newest episode stays: summarize numbers the next window after it.
-    oldest_first += sorted(episodes, key=_age_key)[:-1]
-    oldest_first += [f for f in facts if not f.superseded_by]
-    return oldest_first
+def _eviction(kind: str) -> Eviction | None:
+    return kind_policy(kind).eviction
+
+
+def _rank(memory: MemoryRecord) -> int:
+    eviction = _eviction(memory.kind)
+    assert eviction is not None, "only evictable kinds are ranked"
+    return eviction.rank_of(bool(memory.superseded_by))
+
+
+def eviction_order(by_kind: Mapping[str, Sequence[MemoryRecord]]) -> list[MemoryRecord]:
+    """Every evictable memory of ``by_kind`` (kind -> its memories), first to go first:
+    by the kind's eviction rank, oldest first within a rank (pure; the rules in one
+    place). Kinds exempt from eviction are left out."""
+    ranked: list[MemoryRecord] = []
+    for kind, records in by_kind.items():
+        eviction = _eviction(kind)
+        if eviction is None:
+            continue
+        oldest_first = sorted(records, key=_age_key)
+        # The newest episode stays: summarize numbers the next window after it.
+        ranked += oldest_first[:-1] if eviction.keep_newest else oldest_first
+    return sorted(ranked, key=lambda m: (_rank(m), *_age_key(m)))
+
+
+#: Evictable kinds in the order they are listed: by the first rank they evict at.
+_LISTING_ORDER: list[tuple[MemoryKindName, Eviction]] = sorted(
+    ((k.name, k.eviction) for k in KINDS if k.eviction is not None),
+    key=lambda pair: pair[1].first_rank,
+)
 
 
 async def choose_victims(
     memories: MemoryPort, tenant: str, scope: MemoryFilter, excess: int, by_kind: dict[str, int]
 ) -> list[MemoryRecord]:
-    """The ``excess`` memories to evict. Lists a class only when the ones before it
-    cannot cover the excess (turns usually can)."""
-
-    async def listed(kind: MemoryKindName) -> list[MemoryRecord]:
-        if not by_kind.get(kind):
-            return []
-        return await memories.list_all(tenant, replace(scope, kinds=(kind,)))
-
-    turns = await listed("turn")
-    if len(turns) >= excess:
-        return eviction_order(turns, [], [])[:excess]
-    facts = await listed("fact")
-    episodes = await listed("episode")
-    return eviction_order(turns, facts, episodes)[:excess]
+    """The ``excess`` memories to evict. Lists a kind only when the memories listed
+    before it, at ranks below any it evicts at, cannot cover the excess (turns usually
+    can)."""
+    pending = [(kind, eviction) for kind, eviction in _LISTING_ORDER if by_kind.get(kind)]
+    listed: dict[str, list[MemoryRecord]] = {}
+    for position, (kind, _) in enumerate(pending):
+        listed[kind] = await memories.list_all(tenant, replace(scope, kinds=(kind,)))
+        # what is still unlisted goes at these ranks or later
+        later = min((e.first_rank for _, e in pending[position + 1 :]), default=None)
+        settled = [m for m in eviction_order(listed) if later is None or _rank(m) < later]
+        if len(settled) >= excess:
+            return settled[:excess]
+    return eviction_order(listed)[:excess]
 
 
 def evicted_event(tenant: str, memory: MemoryRecord) -> MemoryChanged:
@@ -137,7 +158,7 @@ def _counted_scope(event: MemoryChanged) -> MemoryFilter:
 
 async def evict(event: MemoryChanged, delivery: EvictDelivery) -> None:
     # Only a new memory of a counted kind can take a conversation over its limit.
-    if event.op != "created" or event.memory.kind not in COUNTED_KINDS:
+    if event.op != "created" or _eviction(event.memory.kind) is None:
         return
     settings = delivery.settings
     # Counted first without the lock: most changes leave the conversation under its
@@ -167,7 +188,7 @@ async def _enforce_limit(delivery: EvictDelivery, event: MemoryChanged, max_entr
     deleted = await memories.delete(tenant, [v.id for v in victims])
     kinds: dict[str, int] = {}
     for victim in victims:
-        name = "superseded fact" if victim.superseded_by else victim.kind
+        name = f"superseded {victim.kind}" if victim.superseded_by else victim.kind
         kinds[name] = kinds.get(name, 0) + 1
     log.info(
         "conversation.evicted",

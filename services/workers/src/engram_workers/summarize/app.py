@@ -38,6 +38,7 @@ from pydantic import Field
 
 from engram_core import lifecycle
 from engram_core.events import MemoryChanged, MemoryChangeOp
+from engram_core.kinds import kind_names, kind_policy
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
 from engram_core.memory_writes import Change, apply
@@ -59,6 +60,9 @@ log = get_logger(__name__)
 #: Newest episodes read to find the numbering anchor (and re-announce on redelivery).
 ANCHOR_PAGE = core.MAX_WINDOWS_PER_EVENT
 LIST_PAGE = 100
+#: What the rolling summary is made of, and what episodes compress (engram_core.kinds).
+FOLDED_KINDS = kind_names(lambda k: k.folded_into_summary)
+EPISODE_SOURCE_KINDS = kind_names(lambda k: k.compressed_into_episodes)
 
 
 class SummarizeSettings(WorkerSettings, LlmSettingsMixin, LockSettingsMixin):
@@ -160,13 +164,14 @@ async def open_resources(
 
 async def summarize(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
     kind, op = event.memory.kind, event.op
+    policy = kind_policy(kind)
     # Summaries and episodes are our own writes coming back; profile entries are
     # recalled on their own and do not feed the summary.
-    if kind == "fact" and op == "created":
+    if policy.folded_into_summary and op == "created":
         await fold_facts(event, delivery)
-    elif kind == "fact" and op in ("superseded", "deleted"):
+    elif policy.folded_into_summary and op in ("superseded", "deleted"):
         await drop_superseded(event, delivery)
-    elif kind == "turn" and op == "created":
+    elif policy.compressed_into_episodes and op == "created":
         await update_episodes(event, delivery)
     elif kind == "episode" and op in ("deleted", "evicted"):
         delivery.resources.boundaries.drop(_conversation(event))
@@ -238,7 +243,9 @@ async def fold_facts(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
                     lifecycle.change(tenant, previous, op, cause="summarize:summary")
                 )
             return
-        others = await memories.list_page(tenant, _scope(event, "fact"), page_size=core.FOLD_BATCH)
+        others = await memories.list_page(
+            tenant, _scope(event, *FOLDED_KINDS), page_size=core.FOLD_BATCH
+        )
         facts = core.facts_to_fold(found.get(fact_id), others.records, set(folded))
         if not facts:
             log.info("summary.nothing_to_fold", fact_id=fact_id, reason="fact gone or superseded")
@@ -347,7 +354,7 @@ async def _build_closed_windows(event: MemoryChanged, delivery: SummarizeDeliver
     anchor = core.anchor_of(recent)
     # Newest first: only the uncovered tail of the conversation is read.
     tail: list[MemoryRecord] = []
-    turns_scope = _scope(event, "turn", current_only=False)
+    turns_scope = _scope(event, *EPISODE_SOURCE_KINDS, current_only=False)
     async for turn in memories.iter_list(tenant, turns_scope, page_size=LIST_PAGE):
         if anchor.boundary is not None and turn.created_at and turn.created_at < anchor.boundary:
             break
@@ -373,7 +380,9 @@ async def _window_may_close(delivery: SummarizeDelivery, event: MemoryChanged, s
     if not remembered:
         boundary = core.anchor_of(await _recent_episodes(delivery, event)).boundary
         boundaries.put(key, boundary)
-    since = replace(_scope(event, "turn", current_only=False), created_after=boundary)
+    since = replace(
+        _scope(event, *EPISODE_SOURCE_KINDS, current_only=False), created_after=boundary
+    )
     counted = await delivery.memories.count(event.tenant, since)
     return counted.total > size
 
