@@ -81,6 +81,9 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
     try:
         up.wait_for_line("engram: up.")
         assert any(base_url in line for line in up.lines)  # it says where to point clients
+        # the workers share one process, and up says so (--process-per-worker: one each)
+        assert any("share one process" in line for line in up.lines), "\n".join(up.lines)
+        assert any(line.startswith("engram: workers    ready") for line in up.lines)
         # Every worker and retrieval run on uvloop (ENGRAM_EVENT_LOOP=auto, installed).
         started = [line for line in up.lines if "worker.started" in line]
         listening = [line for line in up.lines if "retrieval.listening" in line]

@@ -240,6 +240,35 @@ async def test_the_mirror_writes_files_tombstones_and_commits(learning: Stack) -
     await wait_for(committed, 30, what="a git commit containing the fact file")
 
 
+async def test_one_process_runs_every_worker_and_a_turn_reaches_each(learning: Stack) -> None:
+    """`engram up`'s default: the six workers in one process (engram-workers), a turn
+    still goes through ingest, reconcile, summarize, the mirror, and a hand edit of the
+    mirror through edits (evict: the eviction test below, same layout)."""
+    assert [c.name for c in learning.components] == ["retrieval", "gateway", "workers"]
+    (workers,) = [c for c in learning.components if c.name == "workers"]
+    assert workers.process is not None and workers.process.poll() is None
+    assert Path(workers.command[0]).name == "engram-workers" and "--only" not in workers.command
+
+    memory = Memory(learning, "seed-one-process", user="user-one-process")
+    await memory.chat("I love kayaks.")
+    await memory.until_facts(["User loves kayaks"])  # ingest, then reconcile
+    await wait_for(
+        lambda: memory.memories(pb.MEMORY_KIND_SUMMARY), 30, what="the summary (summarize)"
+    )
+    facts_dir = learning.data_dir / "mirror" / TENANT / "@user-one-process" / "seed-one-process"
+
+    def fact_file() -> Path | None:
+        found = [p for p in facts_dir.glob("facts/*.md") if "User loves kayaks" in p.read_text()]
+        return found[0] if found else None
+
+    def edit_by_hand(path: Path) -> None:
+        path.write_text(path.read_text().replace("kayaks", "canoes"), encoding="utf-8")
+
+    path = await wait_for(fact_file, 30, what="the fact's mirror file (mirror)")
+    await asyncio.to_thread(edit_by_hand, path)
+    await memory.until_facts(["User loves canoes"])  # the watcher, then edits
+
+
 async def test_eviction_keeps_a_conversation_under_max_entries(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
