@@ -61,8 +61,10 @@ def _string(value: str, *, key: bool = False) -> str:
         return "''"
     if (key and len(value) > _MAX_KEY) or not _SIMPLE.fullmatch(value):
         raise _NotSimple
-    # the stubs leave Resolver.resolve untyped; it returns the tag a plain scalar reads as
-    tag = _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
+    # the tag a plain scalar reads as
+    tag = _RESOLVER.resolve(  # type: ignore[no-untyped-call]  # untyped in types-pyyaml
+        yaml.ScalarNode, value, (True, False)
+    )
     if tag != _STR_TAG:
         return f"'{value}'"  # would read back as a number, a date, a bool...
     return value

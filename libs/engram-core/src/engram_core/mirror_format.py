@@ -411,8 +411,7 @@ _KNOWN_KEYS = frozenset(
 )
 
 try:  # the C loader is much faster on a large tree
-    # The same interface; the stubs do not make CSafeLoader a SafeLoader subclass.
-    _Loader: type[yaml.SafeLoader] = yaml.CSafeLoader  # type: ignore[assignment]
+    _Loader: type[yaml.SafeLoader | yaml.CSafeLoader] = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - libyaml missing
     _Loader = yaml.SafeLoader
 

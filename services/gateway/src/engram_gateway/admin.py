@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo
@@ -32,9 +32,10 @@ from engram_core.dead_letters import (
 )
 from engram_core.events import STREAM_NAME
 from engram_core.logging import get_logger
+from engram_gateway.deps import AppState
 from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError
 from engram_gateway.keys import TENANT_PATTERN
-from engram_gateway.state import GatewayState, gateway_state
+from engram_gateway.state import GatewayState
 from engram_gateway.tenancy import require_admin
 
 log = get_logger(__name__)
@@ -137,8 +138,8 @@ def _consumer_out(info: ConsumerInfo, dead: int) -> ConsumerOut:
 
 
 @router.get("/consumers", response_model=ConsumerList, summary="The workers' queues")
-async def consumers(request: Request) -> JSONResponse:
-    js = _jetstream(gateway_state(request))
+async def consumers(state: AppState) -> JSONResponse:
+    js = _jetstream(state)
     try:
         infos = await js.consumers_info(STREAM_NAME)
         per_worker = await dead_letter_depth(js)
@@ -154,10 +155,8 @@ async def consumers(request: Request) -> JSONResponse:
 
 
 @router.get("/dead-letters", response_model=DeadLetterList, summary="Every tenant's dead letters")
-async def dead_letters(
-    request: Request, query: Annotated[DeadLetterQuery, Query()]
-) -> JSONResponse:
-    js = _jetstream(gateway_state(request))
+async def dead_letters(state: AppState, query: Annotated[DeadLetterQuery, Query()]) -> JSONResponse:
+    js = _jetstream(state)
     try:
         letters = await _letters(js, query.tenant, query.worker, query.limit)
     except NotFoundError:

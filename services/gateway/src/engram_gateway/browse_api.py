@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from engram_core.api_models import ErrorResponse, UserId
 from engram_core.memory import ScopeList
-from engram_gateway.state import gateway_state
-from engram_gateway.tenancy import resolve_tenant
+from engram_gateway.deps import AppState, Tenant
+from engram_gateway.state import GatewayState
 
 router = APIRouter(
     prefix="/v1",
@@ -75,19 +75,20 @@ class ConversationList(BaseModel):
     has_more: bool
 
 
-async def _scopes(request: Request, query: _ScopeQuery, user: str | None) -> ScopeList:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def _scopes(
+    state: GatewayState, tenant: str, query: _ScopeQuery, user: str | None
+) -> ScopeList:
     return await state.memories.list_scopes(
         tenant, user_id=user, limit=query.limit, include_superseded=query.include_superseded
     )
 
 
 @router.get("/users", response_model=UserList, summary="The tenant's users, most memories first")
-async def list_users(request: Request, query: Annotated[_ScopeQuery, Query()]) -> JSONResponse:
-    reply = await _scopes(request, query, None)
-    names = await gateway_state(request).user_names.names(
-        resolve_tenant(request), (s.user_id for s in reply.scopes)
-    )
+async def list_users(
+    state: AppState, tenant: Tenant, query: Annotated[_ScopeQuery, Query()]
+) -> JSONResponse:
+    reply = await _scopes(state, tenant, query, None)
+    names = await state.user_names.names(tenant, (s.user_id for s in reply.scopes))
     users = UserList(
         data=[
             UserOut(id=s.user_id, name=names.get(s.user_id), memories=s.memories)
@@ -104,9 +105,9 @@ async def list_users(request: Request, query: Annotated[_ScopeQuery, Query()]) -
     summary="One user's conversations, most memories first",
 )
 async def list_conversations(
-    request: Request, query: Annotated[ConversationsQuery, Query()]
+    state: AppState, tenant: Tenant, query: Annotated[ConversationsQuery, Query()]
 ) -> JSONResponse:
-    reply = await _scopes(request, query, query.user)
+    reply = await _scopes(state, tenant, query, query.user)
     conversations = ConversationList(
         data=[
             ConversationOut(id=s.conversation_id, user_id=s.user_id, memories=s.memories)

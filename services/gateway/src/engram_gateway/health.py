@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse, Response
 from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort
 from engram_core.metrics import meter, prometheus_exposition
+from engram_gateway.deps import AppState
 from engram_gateway.errors import SERVICE_UNAVAILABLE, error_response
-from engram_gateway.state import gateway_state
 
 log = get_logger(__name__)
 router = APIRouter()
@@ -96,14 +96,13 @@ async def metrics() -> Response:
         503: {"description": "Not ready: the failing checks are named.", **_PROBE},
     },
 )
-async def readyz(request: Request) -> Response:
+async def readyz(request: Request, state: AppState) -> Response:
     """Ready when NATS is connected and the stream and the event-status bucket were
     reached (``bus``). ``memory`` reports retrieval's last check and is no condition.
 
     The upstream LLM is not checked: it is the caller's dependency as much as ours,
     and its failures are reported per request (502/504).
     """
-    state = gateway_state(request)
     checks = {
         "nats": "ok" if state.publisher.is_connected() else "unavailable",
         "bus": "ok" if state.bus.ready else f"waiting for the {state.bus.waiting_for}",

@@ -21,10 +21,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import httpx2
 from fastapi import FastAPI
-from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 from opentelemetry.trace import TracerProvider
 
 from engram_client.mcp_tools import GatewayApi, build_mcp_server
+from engram_gateway.upstream import instrument_http_client
 
 MCP_PATH = "/mcp"
 #: The in-process API's base URL: never resolved, the transport calls the app directly.
@@ -47,10 +47,7 @@ def mount_mcp(
 
     @asynccontextmanager
     async def running() -> AsyncIterator[None]:
-        HTTPX2ClientInstrumentor.instrument_client(
-            client,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
-            tracer_provider=tracer_provider,
-        )
+        instrument_http_client(client, tracer_provider)
         try:
             async with server.session_manager.run():
                 yield

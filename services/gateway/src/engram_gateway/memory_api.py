@@ -1,5 +1,5 @@
 """The memory API: list, get, create, update, delete, history, search, add-from-text,
-and the status of what was added. Tenant-scoped through :func:`resolve_tenant`;
+and the status of what was added. Tenant-scoped through ``deps.Tenant``;
 retrieval enforces the tenant on every call, so another tenant's id is simply missing
 (404, never 403: no existence oracle).
 
@@ -83,10 +83,10 @@ from engram_core.memory_ops import (
 from engram_core.retry import retry_transient
 from engram_gateway.bodies import check_text_size
 from engram_gateway.controls import MemoryControls
+from engram_gateway.deps import AppState, Tenant
 from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayError, bad_request
 from engram_gateway.recall import hit_json, search_query
-from engram_gateway.state import GatewayState, gateway_state, request_id
-from engram_gateway.tenancy import resolve_tenant
+from engram_gateway.state import GatewayState, request_id
 from engram_gateway.turns import ID_NAMESPACE, TurnNotPersisted, TurnScope
 
 log = get_logger(__name__)
@@ -342,8 +342,9 @@ def resolve_list_query(query: ListQuery) -> tuple[ListQuery, str]:
 
 
 @router.get("/memories", response_model=MemoryList, summary="List memories, newest first")
-async def list_memories(request: Request, query: Annotated[ListQuery, Query()]) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def list_memories(
+    state: AppState, tenant: Tenant, query: Annotated[ListQuery, Query()]
+) -> JSONResponse:
     query, token = resolve_list_query(query)
     flt = MemoryFilter(
         user_id=query.user,
@@ -371,8 +372,7 @@ def _created_window(query: ListQuery) -> dict[str, Any]:
 
 
 @router.get("/memories/{memory_id}", response_model=MemoryOut, summary="Get one memory")
-async def get_memory(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def get_memory(state: AppState, tenant: Tenant, memory_id: MemoryIdPath) -> JSONResponse:
     memory = await _get(state, tenant, _uuid(memory_id, "memory"))
     return _json(_out(memory), headers={"ETag": _etag(memory)})
 
@@ -382,16 +382,14 @@ async def get_memory(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
     response_model=MemoryHistory,
     summary="Superseded versions of a memory, oldest first",
 )
-async def memory_history(request: Request, memory_id: MemoryIdPath) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def memory_history(state: AppState, tenant: Tenant, memory_id: MemoryIdPath) -> JSONResponse:
     memory = await _get(state, tenant, _uuid(memory_id, "memory"))
     versions = await history(state.memories, tenant, memory)
     return _json(MemoryHistory(id=memory.id, data=[_out(m) for m in versions]))
 
 
 @router.post("/memories/search", response_model=SearchResult, summary="Retrieval only, no LLM")
-async def search_memories(request: Request, body: SearchMemories) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def search_memories(state: AppState, tenant: Tenant, body: SearchMemories) -> JSONResponse:
     _check_text(
         body.query,
         state.settings.max_memory_chars,
@@ -447,8 +445,9 @@ def _created_id(tenant: str, rid: str) -> str:
     summary="Create a fact memory (or get the one that already says it: 200)",
     responses={200: {"model": CreatedMemory, "description": "The fact was already stored"}},
 )
-async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def create_memory(
+    request: Request, state: AppState, tenant: Tenant, body: CreateMemory
+) -> JSONResponse:
     text = _check_text(
         body.text, state.settings.max_memory_chars, max_bytes=state.settings.max_text_bytes
     )
@@ -501,9 +500,12 @@ async def create_memory(request: Request, body: CreateMemory) -> JSONResponse:
     summary="Edit text and/or tags; the previous version is kept as history",
 )
 async def update_memory(
-    request: Request, memory_id: MemoryIdPath, body: UpdateMemory, if_match: IfMatch = None
+    state: AppState,
+    tenant: Tenant,
+    memory_id: MemoryIdPath,
+    body: UpdateMemory,
+    if_match: IfMatch = None,
 ) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
     if body.text is None and body.tags is None:
         raise bad_request("Send text and/or tags to change.", code="nothing_to_update")
     if body.text is not None:
@@ -533,9 +535,8 @@ async def update_memory(
     summary="Delete a memory and its history (tombstoned in the mirror)",
 )
 async def delete_memory(
-    request: Request, memory_id: MemoryIdPath, if_match: IfMatch = None
+    state: AppState, tenant: Tenant, memory_id: MemoryIdPath, if_match: IfMatch = None
 ) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
     memory_id = _uuid(memory_id, "memory")
     condition = precondition(if_match)
     _require_bus(state)
@@ -558,8 +559,9 @@ async def delete_memory(
     response_model=Accepted,
     summary="Learn from text: extraction and reconcile, asynchronously",
 )
-async def add_memories(request: Request, body: AddMemories) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
+async def add_memories(
+    request: Request, state: AppState, tenant: Tenant, body: AddMemories
+) -> JSONResponse:
     texts = [body.text] if isinstance(body.text, str) else body.text
     for index, text in enumerate(texts):
         _check_text(
@@ -618,9 +620,8 @@ async def _register(state: GatewayState, tenant: str, event_id: str) -> None:
     "/events/{event_id}", response_model=EventOut, summary="Has an added text been applied?"
 )
 async def event_status(
-    request: Request, event_id: Annotated[str, Path(max_length=64)]
+    state: AppState, tenant: Tenant, event_id: Annotated[str, Path(max_length=64)]
 ) -> JSONResponse:
-    state, tenant = gateway_state(request), resolve_tenant(request)
     event_id = _uuid(event_id, "event")
     try:
         status = await state.statuses.get(tenant, event_id)

@@ -30,8 +30,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from engram_gateway.bodies import read_body
+from engram_gateway.deps import AppState
 from engram_gateway.errors import INVALID_REQUEST, GatewayError
-from engram_gateway.state import gateway_state
 from engram_gateway.upstream import response_headers
 
 router = APIRouter()
@@ -80,8 +80,7 @@ def _unknown_path(request: Request) -> GatewayError:
 
 
 @router.api_route("/v1/{path:path}", methods=METHODS, include_in_schema=False)
-async def passthrough(request: Request, path: str) -> Response:
-    state = gateway_state(request)
+async def passthrough(request: Request, state: AppState, path: str) -> Response:
     checked = forwarded_path(request.scope.get("raw_path") or request.url.path.encode())
     if checked is None or checked[0] not in state.settings.gateway_passthrough:
         raise _unknown_path(request)

@@ -42,6 +42,8 @@ from typing import Any
 
 import httpx2
 from openai import APIConnectionError, APIStatusError, APITimeoutError, AsyncOpenAI, Omit
+from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
+from opentelemetry.trace import TracerProvider
 from starlette.responses import Response
 
 from engram_core.logging import get_logger
@@ -132,6 +134,17 @@ def make_http_client(settings: GatewaySettings) -> httpx2.AsyncClient:
         limits=httpx2.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
         event_hooks={"request": [_set_non_ascii_headers]},
+    )
+
+
+def instrument_http_client(
+    client: httpx2.AsyncClient, tracer_provider: TracerProvider | None
+) -> None:
+    """A client span for every request ``client`` sends (the upstream LLM's client, the
+    ``/mcp`` tools' in-process one)."""
+    HTTPX2ClientInstrumentor.instrument_client(
+        client,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
+        tracer_provider=tracer_provider,
     )
 
 

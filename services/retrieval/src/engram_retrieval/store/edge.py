@@ -318,8 +318,10 @@ class EdgeStore:
         request = QueryRequest(
             limit=len(ids),
             query=Query.Nearest(
-                # annotated as lists; the binding reads a float32 array without a copy
-                np.asarray(query_tokens, dtype=np.float32),  # type: ignore[arg-type]
+                # The binding reads a float32 array without a copy.
+                np.asarray(  # type: ignore[arg-type]  # annotated as lists only
+                    query_tokens, dtype=np.float32
+                ),
                 using=TOKENS_VECTOR,
             ),
             filter=Filter(
