@@ -95,10 +95,9 @@ def load_workers(entries: Sequence[WorkerEntry], health_port_base: int | None) -
     return selected
 
 
-async def serve_together(selected: Sequence[Selected], stop: asyncio.Event) -> None:
+async def serve_together(workers: Sequence[Worker[Any, Any, Any]], stop: asyncio.Event) -> None:
     """Run every worker until ``stop`` is set or one of them fails; then stop them all
     and raise the first failure."""
-    workers = [Worker(chosen.spec, chosen.settings) for chosen in selected]
     tasks = [
         asyncio.create_task(worker.serve(stop), name=f"worker-{worker.spec.name}")
         for worker in workers
@@ -121,7 +120,8 @@ async def _serve_until_signalled(selected: Sequence[Selected]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await serve_together(selected, stop)
+    # Built inside the running loop, as a Worker must be.
+    await serve_together([Worker(chosen.spec, chosen.settings) for chosen in selected], stop)
 
 
 def _parser() -> argparse.ArgumentParser:
