@@ -28,11 +28,14 @@ search with a given result (a test about how a caller handles one outcome);
 ``set_serving(False)`` makes every call fail ``UNAVAILABLE`` and ``is_serving`` false, like
 a service that is down; ``fail_upserts_next`` / ``fail_upserts_always`` fail Upserts with a
 status code, ``upsert_delay_s`` slows them, ``upsert_attempts`` and ``upserts`` record them.
+:meth:`InMemoryPort.as_factory` hands the port to the gateway or a worker the way
+production hands them the gRPC one (their ``memory_port`` argument).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import math
 import re
@@ -40,6 +43,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -182,8 +186,10 @@ class InMemoryPort(MemoryPort):
     async def until_serving(self) -> None:
         await self._serving.wait()
 
-    async def close(self) -> None:
-        """Nothing to close; here so it stands where a gRPC port's client is closed."""
+    def as_factory(self) -> Callable[[object], AbstractAsyncContextManager[InMemoryPort]]:
+        """What the gateway's ``create_app`` and a ``Worker`` take as ``memory_port``:
+        this port, for as long as they run (it outlives them: tests read it after)."""
+        return lambda _settings: contextlib.nullcontext(self)
 
     def _reachable(self, call: str) -> None:
         if not self._serving.is_set():

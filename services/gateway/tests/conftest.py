@@ -1,6 +1,7 @@
-"""Gateway test rig: the real nats-server, the scripted OpenAI-compatible upstream, a
-fake retrieval service (grpc.aio, canned Search replies, standard health service),
-and the gateway itself served by uvicorn in-process on a free port."""
+"""Gateway test rig: the real nats-server, the scripted OpenAI-compatible upstream, the
+retrieval port in memory (:mod:`engram_testing.memory_store`; the real retrieval service
+for tests that name its address), and the gateway itself served by uvicorn in-process on
+a free port."""
 
 from __future__ import annotations
 
@@ -14,13 +15,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import grpc
 import httpx2
 import nats
 import pytest
 from fastapi import FastAPI
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
 from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -28,75 +26,52 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from engram_cli.stack.nats_server import free_port
 from engram_core.events import STREAM_NAME
-from engram_core.proto import pb, pb_grpc, to_timestamp
-from engram_core.retrieval_client import SERVICE_NAME
-from engram_gateway.app import create_app
+from engram_core.memory import MemoryKindName, MemoryRecord, Scores, SearchHit
+from engram_gateway.app import create_app, retrieval_port
 from engram_gateway.settings import GatewaySettings
 from engram_testing.asgi import serving
+from engram_testing.memory_store import InMemoryPort
 from engram_testing.upstream import ScriptedUpstream
 
-# --- fake retrieval ------------------------------------------------------------------
-
-
-class FakeMemoryService(pb_grpc.MemoryServiceServicer):
-    """Search returns ``response`` (EMPTY unless a test sets it) and records requests."""
-
-    def __init__(self) -> None:
-        self.requests: list[pb.SearchRequest] = []
-        self.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_EMPTY)
-        self.address = ""
-
-    async def Search(self, request: pb.SearchRequest, context: Any) -> pb.SearchResponse:
-        self.requests.append(request)
-        return self.response
+# --- memories ------------------------------------------------------------------------
 
 
 def make_hit(
     text: str,
     *,
-    kind: int = pb.MEMORY_KIND_FACT,
+    kind: MemoryKindName = "fact",
     id: str = "11111111-1111-1111-1111-111111111111",
     created_at: datetime = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC),
     total: float = 0.75,
     role: str = "",
-) -> pb.SearchHit:
-    return pb.SearchHit(
-        memory=pb.Memory(
+    turn_index: int = 0,
+) -> SearchHit:
+    """A search hit as retrieval returns it, for a scripted search result."""
+    return SearchHit(
+        memory=MemoryRecord(
             id=id,
-            tenant="default",
             conversation_id="conv-1",
             kind=kind,
             text=text,
             role=role,
-            created_at=to_timestamp(created_at),
+            created_at=created_at,
+            turn_index=turn_index,
         ),
-        scores=pb.ScoreBreakdown(
-            dense=0.5, sparse=1.25, relevance=0.8, recency=0.6, total=total, mmr=0.5
-        ),
-        scope=pb.SCOPE_CONVERSATION,
+        scores=Scores(dense=0.5, sparse=1.25, relevance=0.8, recency=0.6, total=total, mmr=0.5),
+        scope="conversation",
     )
 
 
 @pytest.fixture
-def hit() -> Callable[..., pb.SearchHit]:
+def hit() -> Callable[..., SearchHit]:
     return make_hit
 
 
 @pytest.fixture
-async def fake_retrieval() -> AsyncIterator[FakeMemoryService]:
-    servicer = FakeMemoryService()
-    server = grpc.aio.server()
-    pb_grpc.add_MemoryServiceServicer_to_server(servicer, server)
-    health = health_aio.HealthServicer()
-    await health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    servicer.address = f"127.0.0.1:{port}"
-    try:
-        yield servicer
-    finally:
-        await server.stop(None)
+def memory_store() -> InMemoryPort:
+    """The memories a gateway started by ``start_gateway`` serves from, unless the test
+    names a ``retrieval_address`` (then the gateway talks to that service over gRPC)."""
+    return InMemoryPort()
 
 
 # --- the gateway ---------------------------------------------------------------------
@@ -121,16 +96,16 @@ StartGateway = Callable[..., Awaitable[RunningGateway]]
 
 @pytest.fixture
 async def start_gateway(
-    nats_url: str, scripted_upstream: ScriptedUpstream, fake_retrieval: FakeMemoryService
+    nats_url: str, scripted_upstream: ScriptedUpstream, memory_store: InMemoryPort
 ) -> AsyncIterator[StartGateway]:
-    """``await start_gateway(**settings_overrides)`` → a gateway served on a free port."""
+    """``await start_gateway(**settings_overrides)`` → a gateway served on a free port,
+    on ``memory_store`` or, given ``retrieval_address``, on that retrieval service."""
     running: list[RunningGateway] = []
     stack = AsyncExitStack()
 
     async def start(**overrides: Any) -> RunningGateway:
         values: dict[str, Any] = {
             "nats_url": nats_url,
-            "retrieval_address": fake_retrieval.address,
             "llm_base_url": scripted_upstream.base_url,
             "gateway_port": free_port(),
             # A NATS stopped by a test fails chats after a second, not the 15 s default.
@@ -141,7 +116,9 @@ async def start_gateway(
         spans = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(spans))
-        app = create_app(settings, tracer_provider=provider)
+        named = "retrieval_address" in overrides
+        memories = retrieval_port if named else memory_store.as_factory()
+        app = create_app(settings, tracer_provider=provider, memory_port=memories)
         url = await stack.enter_async_context(serving(app, settings.gateway_port))
         gateway = RunningGateway(url, app, settings, spans)
         running.append(gateway)

@@ -17,9 +17,10 @@ from openai import AsyncOpenAI
 
 from engram_cli.stack.nats_server import free_port
 from engram_core.events import TurnPersisted
-from engram_core.proto import pb, to_timestamp
+from engram_core.memory import MemoryRecord, SearchHit, SearchResult
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.turns import event_id_for_turn
+from engram_testing.memory_store import InMemoryPort
 
 CHAT = "/v1/chat/completions"
 
@@ -143,18 +144,18 @@ async def test_streaming_request_fields_reach_upstream_unchanged(
 
 @pytest.mark.parametrize(
     ("outcome", "marked"),
-    [(pb.SEARCH_OUTCOME_SMALL_STORE, True), (pb.SEARCH_OUTCOME_RANKED, False)],
+    [("small_store", True), ("ranked", False)],
 )
 async def test_hits_of_a_small_store_say_they_are_all_memories_not_relevant_ones(
     client: httpx2.AsyncClient,
-    fake_retrieval: Any,
-    hit: Callable[..., pb.SearchHit],
-    outcome: int,
+    memory_store: InMemoryPort,
+    hit: Callable[..., SearchHit],
+    outcome: str,
     marked: bool,
 ) -> None:
     """A small store's hits come back whatever their relevance (0.003, say): each says
     so, so that a reader of memory_hits does not take them for relevant ones."""
-    fake_retrieval.response = pb.SearchResponse(
+    memory_store.scripted_search = SearchResult(
         outcome=outcome, hits=[hit("User's cat is Miso.", total=0.003)]
     )
     response = await client.post(CHAT, json=chat_body())
@@ -165,26 +166,26 @@ async def test_hits_of_a_small_store_say_they_are_all_memories_not_relevant_ones
 async def test_memory_is_injected_right_before_the_latest_user_message(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: Any,
-    hit: Callable[..., pb.SearchHit],
+    memory_store: InMemoryPort,
+    hit: Callable[..., SearchHit],
 ) -> None:
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED,
+    memory_store.scripted_search = SearchResult(
+        outcome="ranked",
         hits=[
             hit("The user's cat is called Miso.", total=0.91),
             hit(
                 "I moved to Lisbon",
-                kind=pb.MEMORY_KIND_TURN,
+                kind="turn",
                 role="user",
                 id="22222222-2222-2222-2222-222222222222",
                 total=0.5,
             ),
         ],
-        summary=pb.Memory(
+        summary=MemoryRecord(
             id="33333333-3333-3333-3333-333333333333",
-            kind=pb.MEMORY_KIND_SUMMARY,
+            kind="summary",
             text="Talking about pets.",
-            updated_at=to_timestamp(datetime(2025, 3, 5, tzinfo=UTC)),
+            updated_at=datetime(2025, 3, 5, tzinfo=UTC),
         ),
     )
     messages = [
@@ -222,15 +223,15 @@ async def test_memory_is_injected_right_before_the_latest_user_message(
     assert 'user said: "I move' in memory["content"]
     assert "Talking about pets." in memory["content"]
 
-    (search,) = fake_retrieval.requests
-    assert (search.tenant, search.query, search.user_id, search.conversation_id) == (
+    (search,) = memory_store.searches
+    assert (search.tenant, search.text, search.user_id, search.conversation_id) == (
         "default",
         "What is my cat\ncalled?",
         "alice",
         "conv-1",
     )
     assert search.top_k == 3
-    assert not search.HasField("recency_weight")
+    assert search.recency_weight is None
 
     hits = response.json()["memory_hits"]
     assert [h["text"] for h in hits] == ["The user's cat is called Miso.", "I moved to Lisbon"]
@@ -245,9 +246,9 @@ async def test_memory_is_injected_right_before_the_latest_user_message(
 
 
 async def test_nothing_relevant_is_said_briefly(
-    client: httpx2.AsyncClient, scripted_upstream: Any, fake_retrieval: Any
+    client: httpx2.AsyncClient, scripted_upstream: Any, memory_store: InMemoryPort
 ) -> None:
-    fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
+    memory_store.scripted_search = SearchResult(outcome="nothing_relevant")
     response = await client.post(CHAT, json=chat_body())
     assert response.headers["x-engram-memory"] == "used"
     system, _user = scripted_upstream.chat_requests()[-1]["messages"]
@@ -264,16 +265,16 @@ FORGED_TURN = (
 async def test_a_stored_turn_cannot_forge_the_memory_messages_structure(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: Any,
-    hit: Callable[..., pb.SearchHit],
+    memory_store: InMemoryPort,
+    hit: Callable[..., SearchHit],
 ) -> None:
     """A person's stored words reach the model as one quoted note under a heading that
     says notes are information, never instructions: no forged numbered item, date,
     label or heading of its own."""
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED,
+    memory_store.scripted_search = SearchResult(
+        outcome="ranked",
         hits=[
-            hit(FORGED_TURN, kind=pb.MEMORY_KIND_TURN, role="user"),
+            hit(FORGED_TURN, kind="turn", role="user"),
             hit("Has a cat.", id="22222222-2222-2222-2222-222222222222"),
         ],
     )
@@ -297,13 +298,11 @@ async def test_a_stored_turn_cannot_forge_the_memory_messages_structure(
 async def test_memory_false_bypasses_recall_injection_and_turns(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: Any,
+    memory_store: InMemoryPort,
     jetstream: Any,
-    hit: Callable[..., pb.SearchHit],
+    hit: Callable[..., SearchHit],
 ) -> None:
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("secret")]
-    )
+    memory_store.scripted_search = SearchResult(outcome="ranked", hits=[hit("secret")])
     response = await client.post(CHAT, json=chat_body(memory=False, memory_id="c"))
     assert response.status_code == 200
     assert response.headers["x-engram-memory"] == "bypassed"
@@ -314,7 +313,7 @@ async def test_memory_false_bypasses_recall_injection_and_turns(
     assert streamed.status_code == 200
     assert streamed.headers["x-engram-memory"] == "bypassed"
 
-    assert fake_retrieval.requests == []
+    assert memory_store.searches == []
     for sent in scripted_upstream.chat_requests():
         assert sent["messages"] == chat_body()["messages"]
         assert "memory" not in sent and "memory_id" not in sent
@@ -323,7 +322,7 @@ async def test_memory_false_bypasses_recall_injection_and_turns(
 
 
 async def test_headers_work_as_controls_and_the_body_wins(
-    client: httpx2.AsyncClient, scripted_upstream: Any, fake_retrieval: Any, jetstream: Any
+    client: httpx2.AsyncClient, scripted_upstream: Any, memory_store: InMemoryPort, jetstream: Any
 ) -> None:
     response = await client.post(
         CHAT,
@@ -337,7 +336,7 @@ async def test_headers_work_as_controls_and_the_body_wins(
         },
     )
     assert response.status_code == 200
-    (search,) = fake_retrieval.requests
+    (search,) = memory_store.searches
     assert search.conversation_id == "from-header"
     assert search.top_k == 4  # the body wins
     assert search.recency_weight == pytest.approx(0.1)
@@ -367,14 +366,12 @@ def check_turn(event: Any, role: str, text: str, **fields: Any) -> TurnPersisted
 async def test_openai_sdk_non_stream_and_stream_and_turns_recorded(
     gateway: Any,
     scripted_upstream: Any,
-    fake_retrieval: Any,
+    memory_store: InMemoryPort,
     jetstream: Any,
-    hit: Callable[..., pb.SearchHit],
+    hit: Callable[..., SearchHit],
 ) -> None:
     scripted_upstream.replies = ["Miso is your cat.", "Hello from the stream"]
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("The cat is Miso.")]
-    )
+    memory_store.scripted_search = SearchResult(outcome="ranked", hits=[hit("The cat is Miso.")])
     async with AsyncOpenAI(base_url=gateway.url + "/v1", api_key="caller-key") as sdk:
         completion = await sdk.chat.completions.create(
             model="test-model",
@@ -585,7 +582,7 @@ async def test_authorization_is_the_callers_unless_a_key_is_configured(
 async def test_bad_requests_are_400_openai_shaped_and_go_nowhere(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: Any,
+    memory_store: InMemoryPort,
     jetstream: Any,
     content: bytes,
     headers: dict[str, str],
@@ -600,7 +597,7 @@ async def test_bad_requests_are_400_openai_shaped_and_go_nowhere(
     if param:
         assert param.split("[")[0] in error["message"]
     assert scripted_upstream.requests == []
-    assert fake_retrieval.requests == []
+    assert memory_store.searches == []
     assert await jetstream.count() == 0
 
 
@@ -783,31 +780,31 @@ async def test_a_gateway_started_without_nats_serves_not_ready_until_nats_comes(
 
 
 async def test_open_webui_forwarded_user_header_names_the_user(
-    client: httpx2.AsyncClient, jetstream: Any, fake_retrieval: Any
+    client: httpx2.AsyncClient, jetstream: Any, memory_store: InMemoryPort
 ) -> None:
     response = await client.post(CHAT, json=chat_body(), headers={"X-OpenWebUI-User-Id": "owui-42"})
     assert response.status_code == 200
-    assert fake_retrieval.requests[-1].user_id == "owui-42"
+    assert memory_store.searches[-1].user_id == "owui-42"
     user_turn, _ = await jetstream.events(2)
     assert user_turn.data["user_id"] == "owui-42"
     # the body's user wins over the header
     await client.post(
         CHAT, json=chat_body(user="alice"), headers={"X-OpenWebUI-User-Id": "owui-42"}
     )
-    assert fake_retrieval.requests[-1].user_id == "alice"
+    assert memory_store.searches[-1].user_id == "alice"
     bad = await client.post(CHAT, json=chat_body(user="x" * 300))
     assert_openai_error(bad, 400)
 
 
 async def test_open_webui_chat_id_header_names_the_conversation(
-    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any, fake_retrieval: Any
+    client: httpx2.AsyncClient, scripted_upstream: Any, jetstream: Any, memory_store: InMemoryPort
 ) -> None:
     """Each Open WebUI chat is a conversation of its own (not all of a user's chats in
     ``default``); a request's own memory_id, body or header, wins."""
     owui = {"X-OpenWebUI-User-Id": "owui-42", "X-OpenWebUI-Chat-Id": "7c9e6679-chat"}
     response = await client.post(CHAT, json=chat_body(), headers=owui)
     assert response.status_code == 200
-    assert fake_retrieval.requests[-1].conversation_id == "7c9e6679-chat"
+    assert memory_store.searches[-1].conversation_id == "7c9e6679-chat"
     user_turn, assistant_turn = await jetstream.events(2)
     assert user_turn.data["conversation_id"] == "7c9e6679-chat"
     assert assistant_turn.data["conversation_id"] == "7c9e6679-chat"
@@ -818,9 +815,9 @@ async def test_open_webui_chat_id_header_names_the_conversation(
     assert other_user_turn.data["turn_id"] != user_turn.data["turn_id"]
 
     await client.post(CHAT, json=chat_body(memory_id="from-body"), headers=owui)
-    assert fake_retrieval.requests[-1].conversation_id == "from-body"
+    assert memory_store.searches[-1].conversation_id == "from-body"
     await client.post(CHAT, json=chat_body(), headers={**owui, "X-Engram-Memory-Id": "mine"})
-    assert fake_retrieval.requests[-1].conversation_id == "mine"
+    assert memory_store.searches[-1].conversation_id == "mine"
 
     # a value that could not name a conversation is refused before anything happens
     sent, stored = len(scripted_upstream.chat_requests()), await jetstream.count()
@@ -832,18 +829,18 @@ async def test_open_webui_chat_id_header_names_the_conversation(
 
 
 async def test_the_conversation_header_is_the_operators_choice(
-    start_gateway: Any, fake_retrieval: Any
+    start_gateway: Any, memory_store: InMemoryPort
 ) -> None:
     gateway = await start_gateway(gateway_conversation_header="")
     response = await gateway.client().post(
         CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "7c9e6679-chat"}
     )
     assert response.status_code == 200
-    assert fake_retrieval.requests[-1].conversation_id == "default"
+    assert memory_store.searches[-1].conversation_id == "default"
 
     other = await start_gateway(gateway_conversation_header="X-Chat")
     await other.client().post(CHAT, json=chat_body(), headers={"X-Chat": "mine"})
-    assert fake_retrieval.requests[-1].conversation_id == "mine"
+    assert memory_store.searches[-1].conversation_id == "mine"
 
 
 TITLE_TASK = (
@@ -864,16 +861,14 @@ RAG_PROMPT = (
 async def test_temporary_chats_and_client_tasks_leave_memory_alone(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: Any,
+    memory_store: InMemoryPort,
     jetstream: Any,
-    hit: Callable[..., pb.SearchHit],
+    hit: Callable[..., SearchHit],
 ) -> None:
     """Open WebUI's temporary chat (``local:<id>``) asked not to be kept, and its title,
     tag and follow-up prompts paste the chat's history into one message: no recall
     goes in, no turn is recorded, and the reply comes back as it would without Engram."""
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("Loves pizza.")]
-    )
+    memory_store.scripted_search = SearchResult(outcome="ranked", hits=[hit("Loves pizza.")])
     temporary = await client.post(
         CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "local:Zk3-socket"}
     )
@@ -887,7 +882,7 @@ async def test_temporary_chats_and_client_tasks_leave_memory_alone(
     streamed = await client.post(CHAT, json={**task, "stream": True})
     assert streamed.headers["x-engram-memory"] == "bypassed"
 
-    assert fake_retrieval.requests == []
+    assert memory_store.searches == []
     for sent in scripted_upstream.chat_requests():
         assert all(m["role"] == "user" for m in sent["messages"])  # nothing injected
     await asyncio.sleep(0.2)
@@ -908,7 +903,7 @@ async def test_temporary_chats_and_client_tasks_leave_memory_alone(
 
 
 async def test_what_counts_as_a_client_task_is_the_operators_choice(
-    start_gateway: Any, fake_retrieval: Any, jetstream: Any
+    start_gateway: Any, memory_store: InMemoryPort, jetstream: Any
 ) -> None:
     task = chat_body(messages=[{"role": "user", "content": TITLE_TASK}])
     unfiltered = await start_gateway(
@@ -920,7 +915,7 @@ async def test_what_counts_as_a_client_task_is_the_operators_choice(
         CHAT, json=chat_body(), headers={"X-OpenWebUI-Chat-Id": "local:x"}
     )
     assert temporary.headers["x-engram-memory"] == "empty"
-    assert [r.conversation_id for r in fake_retrieval.requests] == ["default", "local:x"]
+    assert [r.conversation_id for r in memory_store.searches] == ["default", "local:x"]
 
     custom = await start_gateway(gateway_task_prompt_pattern=r"^\[internal\]")
     response = await custom.client().post(
@@ -932,14 +927,14 @@ async def test_what_counts_as_a_client_task_is_the_operators_choice(
 
 
 async def test_a_chat_reports_where_the_gateway_spent_its_time(
-    client: httpx2.AsyncClient, scripted_upstream: Any, fake_retrieval: Any
+    client: httpx2.AsyncClient, scripted_upstream: Any, memory_store: InMemoryPort
 ) -> None:
     """``Server-Timing`` (what ``engram bench overhead`` and browsers' tools read): recall,
     everything before the upstream call, the upstream call and recording the user turn,
     each in ms; a chat without memory has no recall or record step."""
     from engram_cli.bench.load import parse_server_timing
 
-    fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
+    memory_store.scripted_search = SearchResult(outcome="nothing_relevant")
     remembered = await client.post(CHAT, json=chat_body())
     timings = parse_server_timing(remembered.headers["server-timing"])
     assert set(timings) == {"recall", "pre-upstream", "upstream", "record"}

@@ -16,17 +16,16 @@ import httpx2
 import pytest
 
 from engram_core.events import TurnPersisted
-from engram_core.proto import pb
+from engram_core.memory import SearchHit, SearchResult
 from engram_gateway.turns import chained_turn_key, chat_turn_key, turn_id
+from engram_testing.memory_store import InMemoryPort
 
 FACT = "The user's cat is called Miso."
 
 
 @pytest.fixture
-def remembers(fake_retrieval: Any, hit: Callable[..., pb.SearchHit]) -> None:
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit(FACT, total=0.9)]
-    )
+def remembers(memory_store: InMemoryPort, hit: Callable[..., SearchHit]) -> None:
+    memory_store.scripted_search = SearchResult(outcome="ranked", hits=[hit(FACT, total=0.9)])
 
 
 def sent(upstream: Any, path: str) -> dict[str, Any]:

@@ -400,7 +400,7 @@ async def test_caller_chosen_models_paths_and_methods_leave_metrics_bounded(
 
 
 async def test_readiness_is_about_chats_and_memory_is_reported_apart(
-    start_gateway: StartGateway, fake_retrieval: Any
+    start_gateway: StartGateway,
 ) -> None:
     """Retrieval going away (a restart) leaves the pod ready, since chats still answer;
     /readyz/memory, /readyz's ``memory`` and the gauge say memory is unavailable, and

@@ -17,11 +17,12 @@ import pytest
 from engram_cli.stack.scripted_llm import ToolCall
 from engram_gateway.settings import GatewaySettings
 from engram_gateway.user_names import display_name
+from engram_testing.memory_store import InMemoryPort
 from engram_testing.open_webui import OPEN_WEBUI_VERSION, CapturedRequest, capture, replay
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
-from .conftest import FakeMemoryService, JetStreamReader, StartGateway
+from .conftest import JetStreamReader, StartGateway
 from .test_memory_api import KEYS, A, B, _create
 
 
@@ -47,7 +48,7 @@ def assert_forwarded_unchanged(sent: list[dict[str, Any]], requests: list[Captur
 async def test_a_temporary_chat_is_not_remembered(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: FakeMemoryService,
+    memory_store: InMemoryPort,
     jetstream: JetStreamReader,
 ) -> None:
     """Open WebUI 0.12 names a temporary chat ``temporary:<socket id>``: neither its
@@ -58,7 +59,7 @@ async def test_a_temporary_chat_is_not_remembered(
     answered = await replay_all(client, requests)
 
     assert [memory for _, memory in answered] == ["bypassed", "bypassed"]
-    assert fake_retrieval.requests == []
+    assert memory_store.searches == []
     assert_forwarded_unchanged(scripted_upstream.chat_requests(), requests)
     await asyncio.sleep(0.2)
     assert await jetstream.count() == 0
@@ -87,7 +88,7 @@ def test_temporary_chat_prefixes_are_a_list(monkeypatch: pytest.MonkeyPatch) -> 
 async def test_a_saved_chat_is_one_conversation_and_its_tasks_are_left_alone(
     client: httpx2.AsyncClient,
     scripted_upstream: Any,
-    fake_retrieval: FakeMemoryService,
+    memory_store: InMemoryPort,
     jetstream: JetStreamReader,
 ) -> None:
     """Two messages of one saved chat, with the title, tags and follow-up tasks Open
@@ -103,7 +104,7 @@ async def test_a_saved_chat_is_one_conversation_and_its_tasks_are_left_alone(
 
     for request, memory in answered:
         assert (memory == "bypassed") == request.is_background_task, request.last_user_text
-    assert [(r.conversation_id, r.user_id) for r in fake_retrieval.requests] == [
+    assert [(r.conversation_id, r.user_id) for r in memory_store.searches] == [
         (chat_id, user_id),
         (chat_id, user_id),
     ]
@@ -117,7 +118,7 @@ async def test_a_saved_chat_is_one_conversation_and_its_tasks_are_left_alone(
 
 
 async def test_a_document_prompt_is_remembered_and_its_query_task_is_not(
-    client: httpx2.AsyncClient, fake_retrieval: FakeMemoryService, jetstream: JetStreamReader
+    client: httpx2.AsyncClient, memory_store: InMemoryPort, jetstream: JetStreamReader
 ) -> None:
     """With a file attached, Open WebUI first asks for search queries (a task over the
     chat history), then sends the person's question inside its document prompt: that

@@ -17,6 +17,9 @@ import httpx2
 
 from engram_testing.otlp_receiver import otlp_http_receiver
 
+#: An address nobody listens on: a passthrough request needs no retrieval.
+UNREACHABLE_RETRIEVAL = "127.0.0.1:1"
+
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGRAM_", "OTEL_"))}
@@ -24,11 +27,11 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _stack_env(nats_url: str, upstream: Any, retrieval: Any, **otel: str) -> dict[str, str]:
-    """The gateway's environment against the test's NATS, upstream and retrieval."""
+def _stack_env(nats_url: str, upstream: Any, **otel: str) -> dict[str, str]:
+    """The gateway's environment against the test's NATS and upstream."""
     return _env(
         ENGRAM_NATS_URL=nats_url,
-        ENGRAM_RETRIEVAL_ADDRESS=retrieval.address,
+        ENGRAM_RETRIEVAL_ADDRESS=UNREACHABLE_RETRIEVAL,
         ENGRAM_LLM_BASE_URL=upstream.base_url,
         **otel,
     )
@@ -60,14 +63,13 @@ async def _serve_one_request(env: dict[str, str]) -> None:
 
 
 async def test_spans_and_metrics_reach_an_otlp_http_receiver(
-    nats_url: str, scripted_upstream: Any, fake_retrieval: Any
+    nats_url: str, scripted_upstream: Any
 ) -> None:
     with otlp_http_receiver() as receiver:
         await _serve_one_request(
             _stack_env(
                 nats_url,
                 scripted_upstream,
-                fake_retrieval,
                 OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
                 OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
                 OTEL_METRICS_EXPORTER="otlp",
@@ -83,14 +85,13 @@ async def test_spans_and_metrics_reach_an_otlp_http_receiver(
 
 
 async def test_the_traces_protocol_wins_over_the_generic_one(
-    nats_url: str, scripted_upstream: Any, fake_retrieval: Any
+    nats_url: str, scripted_upstream: Any
 ) -> None:
     with otlp_http_receiver() as receiver:
         await _serve_one_request(
             _stack_env(
                 nats_url,
                 scripted_upstream,
-                fake_retrieval,
                 OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
                 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
                 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.url + "/v1/traces",

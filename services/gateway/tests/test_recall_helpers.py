@@ -12,15 +12,15 @@ from typing import Any
 import httpx2
 import pytest
 
-from engram_core.memory_port import result_from_pb
-from engram_core.proto import pb
+from engram_core.memory import SearchHit, SearchResult
 from engram_gateway.controls import MemoryControls, split_memory_controls
 from engram_gateway.errors import GatewayError
 from engram_gateway.recall import drop_in_window, render_memory, search_query
 from engram_gateway.settings import GatewaySettings
+from engram_testing.memory_store import InMemoryPort
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
-from .conftest import FakeMemoryService, StartGateway
+from .conftest import StartGateway
 
 CHAT = "/v1/chat/completions"
 NOW = datetime(2025, 3, 10, tzinfo=UTC)
@@ -45,17 +45,15 @@ def injected(upstream: Any) -> str:
 # --- the short-term window ------------------------------------------------------------------
 
 
-def test_hits_already_in_the_request_are_dropped(hit: Callable[..., pb.SearchHit]) -> None:
-    response = result_from_pb(
-        pb.SearchResponse(
-            outcome=pb.SEARCH_OUTCOME_RANKED,
-            hits=[
-                hit("I  moved to\nLISBON in May.", kind=pb.MEMORY_KIND_TURN, role="user"),
-                hit("User's cat is Miso."),
-                hit("What a lovely city!", kind=pb.MEMORY_KIND_TURN, role="assistant"),
-                hit("user's cat is  miso."),  # the same text twice: injected once
-            ],
-        )
+def test_hits_already_in_the_request_are_dropped(hit: Callable[..., SearchHit]) -> None:
+    response = SearchResult(
+        outcome="ranked",
+        hits=[
+            hit("I  moved to\nLISBON in May.", kind="turn", role="user"),
+            hit("User's cat is Miso."),
+            hit("What a lovely city!", kind="turn", role="assistant"),
+            hit("user's cat is  miso."),  # the same text twice: injected once
+        ],
     )
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "i moved to lisbon in may."}]},
@@ -70,14 +68,14 @@ def test_hits_already_in_the_request_are_dropped(hit: Callable[..., pb.SearchHit
 
 async def test_chat_does_not_reinject_its_own_history(
     start_gateway: StartGateway,
-    fake_retrieval: FakeMemoryService,
+    memory_store: InMemoryPort,
     scripted_upstream: Any,
-    hit: Callable[..., pb.SearchHit],
+    hit: Callable[..., SearchHit],
 ) -> None:
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED,
+    memory_store.scripted_search = SearchResult(
+        outcome="ranked",
         hits=[
-            hit("My sister Eva lives in Porto.", kind=pb.MEMORY_KIND_TURN, role="user"),
+            hit("My sister Eva lives in Porto.", kind="turn", role="user"),
             hit("User's sister is Eva.", id="22222222-2222-2222-2222-222222222222"),
         ],
     )
@@ -97,8 +95,8 @@ async def test_chat_does_not_reinject_its_own_history(
     assert "User's sister is Eva." in text and "lives in Porto" not in text
 
     # Every hit already in the window and nothing else to say: nothing is injected.
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_RANKED, hits=[hit("Where does my sister live?")]
+    memory_store.scripted_search = SearchResult(
+        outcome="ranked", hits=[hit("Where does my sister live?")]
     )
     response = await client.post(CHAT, json=body(("user", "Where does my sister live?")))
     assert response.headers["x-engram-memory"] == "empty"
@@ -110,41 +108,37 @@ async def test_chat_does_not_reinject_its_own_history(
 # --- small store and nothing relevant -------------------------------------------------------
 
 
-def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., pb.SearchHit]) -> None:
+def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., SearchHit]) -> None:
     hits = [hit("Has a cat."), hit("Lives in Berlin.")]
-    complete = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_SMALL_STORE, hits=hits, candidates_considered=2
-    )
-    text = render_memory(result_from_pb(complete), now=NOW)
+    complete = SearchResult(outcome="small_store", hits=hits, candidates_considered=2)
+    text = render_memory(complete, now=NOW)
     assert text is not None
     assert "All 2 stored memories, facts first, then newest first (there are no others):" in text
     assert '1. [2025-03-04] fact: "Has a cat."\n2. [2025-03-04] fact: "Lives in Berlin."' in text
     assert "most relevant" not in text
 
-    capped = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_SMALL_STORE, hits=hits, candidates_considered=4
-    )
-    capped_text = render_memory(result_from_pb(capped), now=NOW) or ""
+    capped = SearchResult(outcome="small_store", hits=hits, candidates_considered=4)
+    capped_text = render_memory(capped, now=NOW) or ""
     assert "The 2 newest of the 4 stored memories:" in capped_text
-    text = render_memory(result_from_pb(complete), now=NOW, in_window=1)
+    text = render_memory(complete, now=NOW, in_window=1)
     assert "All 2 other stored memories, facts first, then newest first (the rest are" in (
         text or ""
     )
 
-    ranked = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_RANKED, hits=hits)
-    ranked_text = render_memory(result_from_pb(ranked), now=NOW) or ""
+    ranked = SearchResult(outcome="ranked", hits=hits)
+    ranked_text = render_memory(ranked, now=NOW) or ""
     assert "Relevant memories (most relevant first):" in ranked_text
 
 
 async def test_small_store_and_nothing_relevant_in_a_chat(
     start_gateway: StartGateway,
-    fake_retrieval: FakeMemoryService,
+    memory_store: InMemoryPort,
     scripted_upstream: Any,
-    hit: Callable[..., pb.SearchHit],
+    hit: Callable[..., SearchHit],
 ) -> None:
     client = (await start_gateway()).client()
-    fake_retrieval.response = pb.SearchResponse(
-        outcome=pb.SEARCH_OUTCOME_SMALL_STORE,
+    memory_store.scripted_search = SearchResult(
+        outcome="small_store",
         hits=[hit("Has a cat."), hit("Lives in Berlin.")],
         candidates_considered=2,
     )
@@ -152,7 +146,7 @@ async def test_small_store_and_nothing_relevant_in_a_chat(
     assert len(response.json()["memory_hits"]) == 2
     assert "All 2 stored memories, facts first" in injected(scripted_upstream)
 
-    fake_retrieval.response = pb.SearchResponse(outcome=pb.SEARCH_OUTCOME_NOTHING_RELEVANT)
+    memory_store.scripted_search = SearchResult(outcome="nothing_relevant")
     response = await client.post(CHAT, json=body(("user", "Hello again")))
     text = injected(scripted_upstream)
     assert "No stored memory is relevant to this message." in text

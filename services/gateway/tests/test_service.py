@@ -26,6 +26,8 @@ from engram_core.metrics import setup_metrics
 from engram_testing.upstream import RecordedRequest, ScriptedUpstream
 
 CHAT = "/v1/chat/completions"
+#: An address nobody listens on: these tests need no retrieval.
+UNREACHABLE_RETRIEVAL = "127.0.0.1:1"
 
 
 class EchoUpstream(ScriptedUpstream):
@@ -248,8 +250,9 @@ def _gateway_env(**extra: str) -> dict[str, str]:
 
 
 async def test_console_script_serves_and_stops_cleanly(
-    nats_url: str, scripted_upstream: Any, fake_retrieval: Any
+    nats_url: str, scripted_upstream: Any
 ) -> None:
+    """Ready without retrieval (memory is reported apart): nobody listens on its address."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -257,7 +260,7 @@ async def test_console_script_serves_and_stops_cleanly(
         env=_gateway_env(
             ENGRAM_NATS_URL=nats_url,
             ENGRAM_GATEWAY_PORT="0",
-            ENGRAM_RETRIEVAL_ADDRESS=fake_retrieval.address,
+            ENGRAM_RETRIEVAL_ADDRESS=UNREACHABLE_RETRIEVAL,
             ENGRAM_LLM_BASE_URL=scripted_upstream.base_url,
         ),
         stderr=asyncio.subprocess.PIPE,

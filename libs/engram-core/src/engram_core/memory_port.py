@@ -312,5 +312,14 @@ class MemoryPort:
             reply.truncated,
         )
 
+    @property
+    def address(self) -> str:
+        """Where the memories are served from (for logs)."""
+        return self.client.address
+
     async def is_serving(self, timeout_s: float = 2.0) -> bool:
         return await self.client.is_serving(timeout_s=timeout_s)
+
+    async def until_serving(self) -> None:
+        """Wait until retrieval serves (see :meth:`RetrievalClient.until_serving`)."""
+        await self.client.until_serving()

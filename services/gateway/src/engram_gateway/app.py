@@ -7,14 +7,15 @@ An unreachable NATS does not stop start-up (:mod:`engram_gateway.bus_link`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from faststream.nats import NatsBroker
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 from opentelemetry.trace import TracerProvider, get_tracer
 
 from engram_core.bus import make_broker
@@ -39,12 +40,7 @@ from engram_gateway.tenancy import (
     warn_of_unreachable_default_tenant,
 )
 from engram_gateway.turns import TurnPublisher
-from engram_gateway.upstream import (
-    Upstream,
-    instrument_http_client,
-    make_http_client,
-    make_llm_client,
-)
+from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
 
 log = get_logger(__name__)
 
@@ -68,21 +64,38 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
         await task
 
 
+#: Opens the memories the gateway serves from, for as long as the app runs.
+MemoryPortFactory = Callable[[GatewaySettings], AbstractAsyncContextManager[MemoryPort]]
+
+
+@asynccontextmanager
+async def retrieval_port(settings: GatewaySettings) -> AsyncIterator[MemoryPort]:
+    """The retrieval service's memories over gRPC (the channel closed on the way out)."""
+    client = RetrievalClient(
+        settings.retrieval_address,
+        timeout_s=settings.gateway_retrieval_timeout_s,
+        keepalive_s=settings.grpc_keepalive_s,
+    )
+    try:
+        yield MemoryPort(client)
+    finally:
+        await client.close()
+
+
 def create_app(
-    settings: GatewaySettings, *, tracer_provider: TracerProvider | None = None
+    settings: GatewaySettings,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    memory_port: MemoryPortFactory = retrieval_port,
 ) -> FastAPI:
     """Build the gateway. ``tracer_provider``: defaults to the global one (tests pass
-    their own to capture spans)."""
+    their own to capture spans). ``memory_port``: where memories come from, the
+    retrieval service unless a caller (a test) hands in another port."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            retrieval = RetrievalClient(
-                settings.retrieval_address,
-                timeout_s=settings.gateway_retrieval_timeout_s,
-                keepalive_s=settings.grpc_keepalive_s,
-            )
-            stack.push_async_callback(retrieval.close)
+            memories = await stack.enter_async_context(memory_port(settings))
 
             broker = make_broker(settings.nats_url, client_name=CLIENT_NAME)
             stack.push_async_callback(_stop_broker, broker)
@@ -92,7 +105,10 @@ def create_app(
 
             http = make_http_client(settings)
             stack.push_async_callback(http.aclose)
-            instrument_http_client(http, tracer_provider)
+            HTTPX2ClientInstrumentor.instrument_client(
+                http,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
+                tracer_provider=tracer_provider,
+            )
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
@@ -104,7 +120,6 @@ def create_app(
             # Runs first on the way out: turns in flight land before the broker closes.
             stack.push_async_callback(publisher.drain, settings.gateway_publish_drain_s)
 
-            memories = MemoryPort(retrieval)
             app.state.memory_health = MemoryHealth(memories)
             checking = asyncio.create_task(app.state.memory_health.run())
             stack.push_async_callback(_cancel, checking)
@@ -141,7 +156,7 @@ def create_app(
             log.info("gateway.stopping")
 
     keys = settings.key_table
-    app = GatewayApp(
+    app = FastAPI(
         title="Engram gateway",
         summary="OpenAI-compatible proxy with long-term memory",
         lifespan=lifespan,
@@ -173,17 +188,12 @@ def create_app(
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )
+    # FastAPI's documented way to customise the schema is replacing this method.
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
 MEMORY_API_PREFIXES = ("/v1/memories", "/v1/events")
-
-
-class GatewayApp(FastAPI):
-    """FastAPI serving the gateway's own OpenAPI schema (:func:`_openapi`)."""
-
-    def openapi(self) -> dict[str, Any]:
-        return _openapi(self)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
