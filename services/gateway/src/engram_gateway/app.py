@@ -15,7 +15,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from faststream.nats import NatsBroker
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
-from opentelemetry.instrumentation.httpx import HTTPX2ClientInstrumentor
 from opentelemetry.trace import TracerProvider, get_tracer
 
 from engram_core.bus import make_broker
@@ -40,7 +39,12 @@ from engram_gateway.tenancy import (
     warn_of_unreachable_default_tenant,
 )
 from engram_gateway.turns import TurnPublisher
-from engram_gateway.upstream import Upstream, make_http_client, make_llm_client
+from engram_gateway.upstream import (
+    Upstream,
+    instrument_http_client,
+    make_http_client,
+    make_llm_client,
+)
 
 log = get_logger(__name__)
 
@@ -105,10 +109,7 @@ def create_app(
 
             http = make_http_client(settings)
             stack.push_async_callback(http.aclose)
-            HTTPX2ClientInstrumentor.instrument_client(
-                http,  # type: ignore[arg-type]  # annotated for httpx; instruments httpx2 too
-                tracer_provider=tracer_provider,
-            )
+            instrument_http_client(http, tracer_provider)
             llm = make_llm_client(settings, http)
             stack.push_async_callback(llm.close)
 
@@ -156,7 +157,7 @@ def create_app(
             log.info("gateway.stopping")
 
     keys = settings.key_table
-    app = FastAPI(
+    app = GatewayApp(
         title="Engram gateway",
         summary="OpenAI-compatible proxy with long-term memory",
         lifespan=lifespan,
@@ -188,12 +189,17 @@ def create_app(
         # Not one span per ASGI message of every request and streamed chunk.
         exclude_spans=["receive", "send"],
     )
-    # FastAPI's documented way to customise the schema is replacing this method.
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
 MEMORY_API_PREFIXES = ("/v1/memories", "/v1/events")
+
+
+class GatewayApp(FastAPI):
+    """FastAPI serving the gateway's own OpenAPI schema (:func:`_openapi`)."""
+
+    def openapi(self) -> dict[str, Any]:
+        return _openapi(self)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

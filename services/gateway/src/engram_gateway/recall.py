@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from engram_core.kinds import find_kind
 from engram_core.lifecycle import CORRECTED_AT, is_corrected
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord, SearchHit, SearchQuery, SearchResult
@@ -293,25 +294,38 @@ def quoted(text: str) -> str:
     return json.dumps(" ".join(text.split()), ensure_ascii=False)
 
 
+def _is_message(memory: MemoryRecord) -> bool:
+    policy = find_kind(memory.kind)
+    return policy is not None and policy.chat_message
+
+
+def _hit_label(memory: MemoryRecord) -> str:
+    """How the model is told what a recalled memory is: its kind's ``prompt_label``
+    (:mod:`engram_core.kinds`) filled in, and a corrected chat message marked as such."""
+    policy = find_kind(memory.kind)
+    if policy is None:
+        return memory.kind
+    turns = memory.turn_range
+    label = policy.prompt_label.format(
+        role=memory.role or "someone",
+        conversation=quoted(memory.conversation_id),
+        turn_range=f" (turns {turns[0]}-{turns[1]})" if turns is not None else "",
+    )
+    if policy.chat_message and is_corrected(memory.metadata):
+        label += f" (earlier; corrected on {_corrected_day(memory)}, do not rely on it)"
+    return label
+
+
 def _hit_line(number: int, memory: MemoryRecord) -> str:
-    if memory.kind == "turn":
-        label = f"{memory.role or 'someone'} said"
-        if is_corrected(memory.metadata):
-            label += f" (earlier; corrected on {_corrected_day(memory)}, do not rely on it)"
-    elif memory.kind == "episode" and memory.turn_range is not None:
-        label = f"episode (turns {memory.turn_range[0]}-{memory.turn_range[1]})"
-    elif memory.kind == "summary":
-        label = f"summary of conversation {quoted(memory.conversation_id)}"
-    else:
-        label = memory.kind
-    return f"{number}. [{_day(memory.created_at)}] {label}: {quoted(memory.text)}"
+    return f"{number}. [{_day(memory.created_at)}] {_hit_label(memory)}: {quoted(memory.text)}"
 
 
 def _neighbours(a: MemoryRecord, b: MemoryRecord) -> bool:
     """Turns said one after the other in one conversation on one day: read together."""
     # cheapest tests first: a budget compares every kept hit with every new one
     return (
-        a.kind == b.kind == "turn"
+        a.kind == b.kind
+        and _is_message(a)
         and abs(a.turn_index - b.turn_index) == 1
         and a.conversation_id == b.conversation_id
         and a.user_id == b.user_id
