@@ -13,7 +13,7 @@ import pytest
 
 from engram_cli.main import main
 from engram_cli.stack.up import Stack
-from engram_core.proto import pb
+from engram_core.codec import pb
 
 from .conftest import count_memories, wait_for
 from .test_learning import start_stack

@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from pydantic import BaseModel
 
+from engram_core.codec import pb, record_from_pb
 from engram_core.events import (
     STREAM_NAME,
     DeadLetter,
@@ -34,8 +35,6 @@ from engram_core.events import (
     MemoryChangeOp,
     dlq_subject,
 )
-from engram_core.memory_record import record_from_pb
-from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.server import RunningServer, build_server

@@ -26,10 +26,10 @@ from engram_cli.cli_common import CliSettings
 from engram_cli.main import main
 from engram_cli.memory.importer import run_import
 from engram_cli.stack.nats_server import free_port
+from engram_core.codec import from_timestamp, pb
 from engram_core.events import STREAM_NAME, MemoryChanged
 from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path
-from engram_core.proto import from_timestamp, pb
 from engram_gateway.app import create_app
 from engram_gateway.settings import GatewaySettings
 from engram_retrieval.server import build_server

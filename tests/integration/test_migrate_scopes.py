@@ -15,9 +15,9 @@ import pytest
 from engram_cli.cli_common import CliSettings
 from engram_cli.memory.migrate import migrate
 from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
+from engram_core.codec import pb, to_timestamp
 from engram_core.events import MemoryChanged
-from engram_core.lifecycle import SUMMARY_NAMESPACE, summary_memory_id
-from engram_core.proto import pb, to_timestamp
+from engram_core.ids import SUMMARY_NAMESPACE, summary_memory_id
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
     RealRetrieval,

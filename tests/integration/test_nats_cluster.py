@@ -22,9 +22,9 @@ from nats.js import JetStreamContext
 from engram_cli.stack.nats_server import NatsCluster, free_port
 from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream
 from engram_core.bus import ensure_stream, key_value_bucket
+from engram_core.codec import pb
 from engram_core.event_status import EVENTS_BUCKET
 from engram_core.events import STREAM_NAME
-from engram_core.proto import pb
 from engram_core.retry import retry_transient
 from engram_core.settings import parse_nats_urls
 from engram_gateway.app import create_app

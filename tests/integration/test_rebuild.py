@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from engram_cli.main import main
+from engram_core.codec import pb
 from engram_core.events import MemoryChanged
 from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.mirror_format import live_path, render
-from engram_core.proto import pb
 from engram_testing.worker_stack import running_retrieval
 from engram_workers.mirror import Mirror
 

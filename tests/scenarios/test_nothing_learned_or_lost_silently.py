@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engram_core.codec import pb
 from engram_core.mirror_format import memory_files
-from engram_core.proto import pb
 from engram_testing.worker_stack import running_retrieval
 
 from .conftest import Engram, wait_for

@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
+from engram_core.codec import pb
 from engram_core.genai import LlmCall
 from engram_core.metrics import prometheus_exposition, setup_metrics
-from engram_core.proto import pb
 from engram_core.retrieval_client import record_search_timings
 
 

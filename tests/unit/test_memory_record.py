@@ -2,9 +2,9 @@
 
 from datetime import UTC, datetime
 
+from engram_core.codec import record_from_pb, record_to_pb
 from engram_core.events import MemoryChanged
 from engram_core.memory import MemoryRecord, ProposedProfileFact
-from engram_core.memory_record import record_from_pb, record_to_pb
 
 
 def test_every_field_survives_a_round_trip() -> None:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from engram_core.bus import ExpectedFetchNoise
-from engram_core.proto import from_timestamp, to_timestamp
+from engram_core.codec import from_timestamp, to_timestamp
 from engram_core.timestamps import compact_utc, format_utc, storable_utc
 from engram_retrieval.payload import format_ts, parse_ts
 

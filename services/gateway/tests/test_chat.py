@@ -17,9 +17,9 @@ from openai import AsyncOpenAI
 
 from engram_cli.stack.nats_server import free_port
 from engram_core.events import TurnPersisted
+from engram_core.ids import turn_event_id
 from engram_core.memory import MemoryRecord, SearchHit, SearchResult
 from engram_gateway.settings import GatewaySettings
-from engram_gateway.turns import event_id_for_turn
 from engram_testing.memory_store import InMemoryPort
 
 CHAT = "/v1/chat/completions"
@@ -357,7 +357,7 @@ def check_turn(event: Any, role: str, text: str, **fields: Any) -> TurnPersisted
     assert event.headers["Nats-Msg-Id"] == turn.event_id
     assert "traceparent" in event.headers
     assert (turn.role, turn.text) == (role, text)
-    assert turn.event_id == event_id_for_turn(turn.turn_id, turn.text)
+    assert turn.event_id == turn_event_id(turn.turn_id, turn.text)
     for name, value in fields.items():
         assert getattr(turn, name) == value, name
     return turn

@@ -13,11 +13,11 @@ import httpx2
 import pytest
 from mcp import Client
 
-from engram_core.event_status import EventStatusStore
-from engram_core.lifecycle import summary_memory_id
-from engram_core.proto import pb, to_timestamp
-from engram_gateway.keys import entry_for
 from engram_client.mcp_tools import GatewayApi, build_mcp_server
+from engram_core.codec import pb, to_timestamp
+from engram_core.event_status import EventStatusStore
+from engram_core.ids import summary_memory_id
+from engram_gateway.keys import entry_for
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
 from .conftest import JetStreamReader, RunningGateway, StartGateway

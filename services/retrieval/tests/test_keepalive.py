@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engram_core.proto import pb
+from engram_core.codec import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.server import build_server

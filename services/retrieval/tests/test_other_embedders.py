@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from engram_cli.stack.embeddings_server import EmbeddingsServer
-from engram_core.proto import pb
+from engram_core.codec import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder, ModelFilesError, model_files_at
 from engram_retrieval.remote_embedder import (

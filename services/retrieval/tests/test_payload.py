@@ -5,135 +5,146 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from engram_core.proto import pb, to_timestamp
+from engram_core.ids import memory_id
+from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_retrieval.payload import (
     build_payload,
-    derive_id,
     format_ts,
     index_key,
-    normalize_id,
     parse_ts,
-    payload_to_memory,
+    record_from_payload,
 )
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
 
 
 def test_ids_are_uuid5_and_stable() -> None:
-    memory = pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text="hi", source_id="d1:3")
-    first = derive_id("t", memory)
+    memory = MemoryRecord(id="x", kind="turn", role="user", text="hi", source_id="d1:3")
+    first = memory_id("t", memory)
     assert uuid.UUID(first).version == 5
-    assert derive_id("t", memory) == first
-    # conversation "" means "default"
-    assert (
-        derive_id(
-            "t",
-            pb.Memory(
-                kind=pb.MEMORY_KIND_TURN,
-                role="user",
-                text="hi",
-                source_id="d1:3",
-                conversation_id="default",
-            ),
-        )
-        == first
-    )
+    assert memory_id("t", memory.model_copy(update={"id": "y"})) == first  # the id takes no part
 
 
 def test_id_inputs() -> None:
-    base = pb.Memory(kind=pb.MEMORY_KIND_FACT, text="likes tea", conversation_id="c")
+    base = MemoryRecord(id="x", kind="fact", text="likes tea", conversation_id="c")
     ids = {
-        derive_id("t", base),
-        derive_id("other", base),
-        derive_id("t", pb.Memory(kind=pb.MEMORY_KIND_TURN, text="likes tea", conversation_id="c")),
-        derive_id("t", pb.Memory(kind=pb.MEMORY_KIND_FACT, text="likes tea", conversation_id="d")),
-        derive_id(
-            "t",
-            pb.Memory(
-                kind=pb.MEMORY_KIND_FACT,
-                text="likes tea",
-                conversation_id="c",
-                created_at=to_timestamp(T0),
-            ),
-        ),
+        memory_id("t", base),
+        memory_id("other", base),
+        memory_id("t", base.model_copy(update={"kind": "turn"})),
+        memory_id("t", base.model_copy(update={"conversation_id": "d"})),
+        memory_id("t", base.model_copy(update={"created_at": T0})),
     }
     assert len(ids) == 5
     # with a source_id, the text and created_at do not matter: a re-sent turn is the same one
-    a = pb.Memory(kind=pb.MEMORY_KIND_TURN, text="v1", source_id="s", created_at=to_timestamp(T0))
-    b = pb.Memory(kind=pb.MEMORY_KIND_TURN, text="v2", source_id="s")
-    assert derive_id("t", a) == derive_id("t", b)
+    a = MemoryRecord(id="x", kind="turn", text="v1", source_id="s", created_at=T0)
+    b = MemoryRecord(id="x", kind="turn", text="v2", source_id="s")
+    assert memory_id("t", a) == memory_id("t", b)
 
 
 def test_timestamps_sort_as_text() -> None:
     assert format_ts(T0) == "2025-03-04T05:06:07.890123Z"
     assert format_ts(datetime(2025, 3, 4, tzinfo=UTC)) == "2025-03-04T00:00:00.000000Z"
     assert parse_ts(format_ts(T0)) == T0
-    assert normalize_id("6F1C1D0E-3F5E-5A57-9D8E-656E6772616D") == (
-        "6f1c1d0e-3f5e-5a57-9d8e-656e6772616d"
-    )
-    assert normalize_id("nope") is None
+
+
+FACT = MemoryRecord(
+    id="id-1",
+    user_id="u",
+    conversation_id="c",
+    kind="fact",
+    text="likes tea",
+    source_id="s1",
+    turn_index=4,
+    source_turn_ids=["a", "b"],
+    valid_from=T0,
+    tags=["b", "a", "b"],
+    metadata={"k": "v"},
+    profile=ProposedProfileFact(
+        category="preference", key="drink", value="tea", confidence=0.9, importance=0.5
+    ),
+    turn_range=(1, 20),
+)
 
 
 def test_payload_round_trip_and_hash() -> None:
-    memory = pb.Memory(
-        user_id="u",
-        conversation_id="c",
-        kind=pb.MEMORY_KIND_FACT,
-        text="likes tea",
-        source_id="s1",
-        turn_index=4,
-        source_turn_ids=["a", "b"],
-        valid_from=to_timestamp(T0),
-        tags=["b", "a", "b"],
-        metadata={"k": "v"},
-        profile=pb.ProfileEntry(
-            category="preference", key="drink", value="tea", confidence=0.9, importance=0.5
-        ),
-        turn_range=pb.TurnRange(first_turn=1, last_turn=20),
-    )
-    payload = build_payload("t", memory, created_at=T0, updated_at=T0, embedding_model="m")
+    payload = build_payload("t", FACT, created_at=T0, updated_at=T0, embedding_model="m")
     assert payload["tags"] == ["a", "b"] and payload["superseded_by"] is None
     assert payload["valid_from"] == format_ts(T0) and payload["valid_to"] is None
-    back = payload_to_memory("id-1", payload)
-    assert back.id == "id-1" and back.tenant == "t" and back.text == "likes tea"
-    assert back.created_at.ToDatetime(tzinfo=UTC) == T0
-    assert back.profile.value == "tea" and back.turn_range.last_turn == 20
-    assert back.metadata == {"k": "v"} and list(back.source_turn_ids) == ["a", "b"]
+    back = record_from_payload("id-1", payload)
+    assert back.id == "id-1" and back.text == "likes tea" and back.created_at == T0
+    assert back.profile is not None and back.profile.value == "tea"
+    assert back.turn_range == (1, 20)
+    assert back.metadata == {"k": "v"} and back.source_turn_ids == ["a", "b"]
     # the hash ignores bookkeeping and is stable across a round trip
     later = build_payload(
         "t", back, created_at=T0, updated_at=datetime.now(UTC), embedding_model="m"
     )
     assert later["content_hash"] == payload["content_hash"]
-    changed = pb.Memory()
-    changed.CopyFrom(back)
-    changed.superseded_by = "x"
+    changed = back.model_copy(update={"superseded_by": "x"})
     superseded = build_payload("t", changed, created_at=T0, updated_at=T0, embedding_model="m")
     assert superseded["content_hash"] != payload["content_hash"]
     assert superseded["embed_hash"] == payload["embed_hash"]  # same text: vector reusable
 
 
+def test_stored_hashes_stay_valid() -> None:
+    """Pinned from the payloads written before the write path moved onto MemoryRecord: a
+    change here makes every stored memory look changed (and re-embeds it)."""
+    fact = build_payload("t", FACT, created_at=T0, updated_at=T0, embedding_model="m")
+    assert fact["content_hash"] == (
+        "40e2453d61f7f9c3821e59920792dc504e7d437ceba26262c5ea69324b57cd41"
+    )
+    assert fact["embed_hash"] == "d60741146740ac5da9e76797ad77a5becba9bf77d25ee3cb90c33f9bb347ca1a"
+    turn = MemoryRecord(
+        id="x",
+        kind="turn",
+        role="user",
+        text="Caroline: I went.",
+        metadata={"speaker": "Caroline"},
+        conversation_id="c",
+    )
+    stored = build_payload("t", turn, created_at=T0, updated_at=T0, embedding_model="m")
+    assert stored["content_hash"] == (
+        "9e211cec5f276749626046318bd0484f79a8157bcf241e4221d5db674885d2bb"
+    )
+    assert stored["embed_hash"] == (
+        "6fc2e8aa1ae65470d393949dc5037f19b32b03de9f5589bd9efa22ed489dd1b0"
+    )
+
+
+def test_a_stored_payload_reads_back_without_validation() -> None:
+    """A point an older version wrote (a profile category today's model refuses) still
+    reads: the store holds what was accepted then."""
+    payload = build_payload("t", FACT, created_at=T0, updated_at=T0, embedding_model="m")
+    payload["profile"] = {**payload["profile"], "category": "hobby"}
+    back = record_from_payload("id-1", payload)
+    assert back.profile is not None and back.profile.category == "hobby"
+
+
 def test_index_key_dates_a_turn_and_names_who_said_it() -> None:
     said = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
-    turn = pb.Memory(
-        kind=pb.MEMORY_KIND_TURN,
+    turn = MemoryRecord(
+        id="x",
+        kind="turn",
         role="user",
         text="Caroline: I went to a support group.",
         metadata={"speaker": "Caroline"},
     )
     assert index_key(turn, said) == '(8 May 2023) Caroline said "I went to a support group."'
-    gateway_turn = pb.Memory(kind=pb.MEMORY_KIND_TURN, role="assistant", text="Noted.")
+    gateway_turn = MemoryRecord(id="x", kind="turn", role="assistant", text="Noted.")
     assert index_key(gateway_turn, said) == '(8 May 2023) assistant said "Noted."'
-    fact = pb.Memory(kind=pb.MEMORY_KIND_FACT, text="User's wife is Anne")
+    fact = MemoryRecord(id="x", kind="fact", text="User's wife is Anne")
     assert index_key(fact, said) == "User's wife is Anne"  # statements stand alone
-    profile = pb.Memory(
-        kind=pb.MEMORY_KIND_PROFILE,
-        profile=pb.ProfileEntry(category="identity", key="name", value="Bob", confidence=0.9),
+    profile = MemoryRecord(
+        id="x",
+        kind="profile",
+        text="",
+        profile=ProposedProfileFact(category="identity", key="name", value="Bob", confidence=0.9),
     )
     assert index_key(profile, said) == "identity name: Bob"
 
 
 def test_the_embedding_is_reused_only_while_the_index_key_is_unchanged() -> None:
-    memory = pb.Memory(kind=pb.MEMORY_KIND_TURN, role="user", text="I like tea")
+    memory = MemoryRecord(id="x", kind="turn", role="user", text="I like tea")
     kwargs = {"updated_at": T0, "embedding_model": "m"}
     first = build_payload("t", memory, created_at=T0, **kwargs)
     same_day = build_payload("t", memory, created_at=T0.replace(hour=23), **kwargs)

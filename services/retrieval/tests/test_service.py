@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from engram_core import rpc_tracing
+from engram_core.codec import pb, to_timestamp
 from engram_core.lifecycle import summary_memory_id
-from engram_core.proto import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import sigmoid
@@ -505,6 +505,25 @@ async def test_invalid_requests(client: RetrievalClient) -> None:
         client.count(pb.CountRequest(tenant="a", filter=pb.MemoryFilter(kinds=[9]))),
         "unknown memory kind",
     )
+
+
+async def test_a_memory_no_client_could_read_back_is_refused_whole(
+    client: RetrievalClient,
+) -> None:
+    """A profile score outside 0..1 used to be stored, and every reader of the memory
+    (gateway, workers: MemoryRecord) then failed on it. The batch is refused, naming the
+    field, and nothing of it is written."""
+    bad = pb.Memory(
+        kind=pb.MEMORY_KIND_PROFILE,
+        user_id="u1",
+        profile=pb.ProfileEntry(category="identity", key="name", value="Bob", confidence=1.5),
+    )
+    await expect_invalid(
+        client.upsert(pb.UpsertRequest(tenant="refused", memories=[fact("kept?"), bad])),
+        "memories[1].confidence",
+    )
+    reply = await client.count(pb.CountRequest(tenant="refused"))
+    assert reply.count == 0
 
 
 async def test_a_call_is_a_client_span_continued_by_a_server_span(

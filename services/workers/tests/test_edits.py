@@ -15,10 +15,9 @@ import pytest
 import yaml
 
 from engram_core.bus import publish_event
+from engram_core.codec import from_timestamp, pb, record_from_pb, to_timestamp
 from engram_core.events import MemoryChanged, MemoryEdited
-from engram_core.memory_record import record_from_pb
 from engram_core.mirror_format import format_time, live_path, tombstone_path
-from engram_core.proto import from_timestamp, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.mirror_support import git_log
 from engram_testing.waiting import eventually

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 
 from engram_core.bus import publish_event
+from engram_core.codec import pb, record_from_pb, to_timestamp
 from engram_core.events import Event, MemoryChanged
-from engram_core.memory_record import record_from_pb
-from engram_core.proto import pb, to_timestamp
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
     RealRetrieval,

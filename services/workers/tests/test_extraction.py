@@ -16,10 +16,10 @@ import pytest
 
 from engram_cli.stack.scripted_llm import RuleBasedBrain, ScriptedUpstream, UpstreamError
 from engram_core.bus import make_broker, publish_event
+from engram_core.codec import pb
 from engram_core.event_status import EventStatusStore
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id
 from engram_core.lifecycle import change_event_id
-from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (

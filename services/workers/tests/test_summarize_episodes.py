@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from engram_core.bus import publish_event
+from engram_core.codec import from_timestamp, pb, to_timestamp
 from engram_core.events import MemoryChanged
-from engram_core.proto import from_timestamp, pb, to_timestamp
 from engram_testing.upstream import ScriptedUpstream, UpstreamError
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engram_core import ids
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
     MemoryRecord,
@@ -170,9 +171,5 @@ class MemoryEdited(Event):
 ALL_EVENTS: tuple[type[Event], ...] = (TurnPersisted, FactProposed, MemoryChanged, MemoryEdited)
 
 
-def deterministic_event_id(*parts: str) -> str:
-    """An event id derived from its content, so a re-publish is de-duplicated."""
-    return str(uuid.uuid5(_EVENT_NAMESPACE, "\x1f".join(parts)))
-
-
-_EVENT_NAMESPACE = uuid.UUID("6f1d3c52-2b8e-4f0e-9a51-0c7e2f0d9a11")
+#: The CLI's ``engram reextract`` still names it here (the ids live in engram_core.ids).
+deterministic_event_id = ids.event_id

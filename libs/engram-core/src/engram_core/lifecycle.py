@@ -27,10 +27,10 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
+from engram_core import ids
 from engram_core.events import MemoryChanged, MemoryChangeOp
 from engram_core.kinds import kind_policy
 from engram_core.memory import MemoryRecord
@@ -41,19 +41,8 @@ CORRECTED_AT = "corrected_at"  # ISO 8601, when the correction was made
 #: Metadata key of a history version: the id it is an earlier version of.
 HISTORY_OF = "history_of"
 
-#: Fixed forever: changing it would give every history version and event a new id.
-LIFECYCLE_NAMESPACE = uuid.UUID("3f0e7d1c-5a8b-4c2e-9f61-6c6966656379")
-#: Fixed forever: changing it would give every summary a new id.
-SUMMARY_NAMESPACE = uuid.UUID("0b5c0a8e-6d1f-5f7a-9b2e-73756d6d6172")
-
-
-def summary_memory_id(tenant: str, user_id: str, conversation_id: str) -> str:
-    """The one rolling summary of a user's conversation. Without a user the id is the one
-    summaries had before conversations belonged to users, so single-user stores keep
-    their summary; a user's summary written before then is re-keyed by ``engram migrate
-    scopes`` (search attaches only the summary with this id)."""
-    parts = (tenant, conversation_id) if not user_id else (tenant, conversation_id, user_id)
-    return str(uuid.uuid5(SUMMARY_NAMESPACE, "\x1f".join(parts)))
+#: The CLI's ``engram migrate`` still names it here (the ids live in engram_core.ids).
+summary_memory_id = ids.summary_memory_id
 
 
 def _float32(value: float) -> float:
@@ -87,10 +76,6 @@ def state_digest(record: MemoryRecord) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _derived_id(*parts: str) -> str:
-    return str(uuid.uuid5(LIFECYCLE_NAMESPACE, "\x1f".join(parts)))
-
-
 def superseded(record: MemoryRecord, *, by: str, at: datetime) -> MemoryRecord:
     """``record`` replaced by the memory ``by`` at ``at``: kept, out of default search."""
     return record.model_copy(
@@ -108,7 +93,7 @@ def history_version(tenant: str, current: MemoryRecord, *, at: datetime) -> Memo
     derived from that state (a repeated edit of the same state makes the same copy)."""
     return current.model_copy(
         update={
-            "id": _derived_id("history", tenant, current.id, state_digest(current)),
+            "id": ids.history_version_id(tenant, current.id, state_digest(current)),
             "superseded_by": current.id,
             "valid_to": at,
             "valid_from": current.valid_from or current.created_at,
@@ -177,7 +162,7 @@ def source_turn_ids(records: Iterable[MemoryRecord]) -> list[str]:
 
 
 def change_event_id(tenant: str, record: MemoryRecord, op: MemoryChangeOp) -> str:
-    return _derived_id("memory.changed", tenant, record.id, op, state_digest(record))
+    return ids.memory_changed_event_id(tenant, record.id, op, state_digest(record))
 
 
 def change(

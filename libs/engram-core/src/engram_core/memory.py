@@ -79,13 +79,18 @@ class MemoryRecord(BaseModel):
 
     @property
     def display_text(self) -> str:
-        """What it says, as a reader sees it: its text, or ``category key: value``."""
+        """What it says, as a reader sees it (and as it is embedded): its text, or
+        ``category key: value`` for a profile entry without one."""
         if self.text:
             return self.text
         if self.profile is not None:
-            p = self.profile
-            return f"{p.category} {p.key}: {p.value}"
+            return profile_display_text(self.profile.category, self.profile.key, self.profile.value)
         return ""
+
+
+def profile_display_text(category: str, key: str, value: str) -> str:
+    """A profile entry as a reader sees it (the one form: search, the index, the API)."""
+    return f"{category} {key}: {value}".strip()
 
 
 def is_tenant_wide(user_id: str, conversation_id: str) -> bool:

@@ -1,11 +1,12 @@
 """The retrieval port: the one way every process reads and writes memories.
 
 Typed on the domain (:mod:`engram_core.memory`): callers hand in and get back
-``MemoryRecord``, ``MemoryFilter``, ``SearchQuery`` and ``SearchResult``; protobuf stays
-here, at the gRPC edge. Every failed call raises :class:`RetrievalError`, classified once:
-``retryable`` tells a worker whether to retry (the runtime acts on it) and
-``http_status`` tells the gateway what to answer. Nothing connects at import; build the
-port on a :class:`~engram_core.retrieval_client.RetrievalClient` inside a lifespan.
+``MemoryRecord``, ``MemoryFilter``, ``SearchQuery`` and ``SearchResult``; the
+translation to and from protobuf, and the service's limits, are :mod:`engram_core.codec`.
+Every failed call raises :class:`RetrievalError`, classified once: ``retryable`` tells a
+worker whether to retry (the runtime acts on it) and ``http_status`` tells the gateway
+what to answer. Nothing connects at import; build the port on a
+:class:`~engram_core.retrieval_client.RetrievalClient` inside a lifespan.
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ from typing import TypeVar
 
 import grpc
 
+from engram_core.codec import (
+    MAX_IDS,
+    MAX_PAGE_SIZE,
+    filter_to_pb,
+    from_timestamp,
+    pb,
+    query_to_pb,
+    record_from_pb,
+    record_to_pb,
+    result_from_pb,
+    upsert_status,
+)
 from engram_core.memory import (
     KindCounts,
     MemoryFilter,
@@ -22,24 +35,13 @@ from engram_core.memory import (
     Page,
     ScopeCount,
     ScopeList,
-    ScopeName,
-    Scores,
-    SearchHit,
-    SearchOutcome,
     SearchQuery,
     SearchResult,
     Stored,
-    UpsertStatus,
 )
-from engram_core.memory_record import record_from_pb, record_to_pb
-from engram_core.proto import KIND_BY_NAME, from_timestamp, pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
 
 T = TypeVar("T")
-
-#: The service's caps (engram_retrieval.service): the largest page and id batch.
-MAX_PAGE_SIZE = 500
-MAX_IDS = 1000
 
 #: Codes for which the same call could succeed later: the service or the network is
 #: busy, restarting or unreachable. Anything else is a property of the request.
@@ -61,24 +63,6 @@ _HTTP_STATUS = {
     grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.FAILED_PRECONDITION: 409,
 }
-_OUTCOMES: dict[int, SearchOutcome] = {
-    pb.SEARCH_OUTCOME_RANKED: "ranked",
-    pb.SEARCH_OUTCOME_SMALL_STORE: "small_store",
-    pb.SEARCH_OUTCOME_NOTHING_RELEVANT: "nothing_relevant",
-    pb.SEARCH_OUTCOME_EMPTY: "empty",
-    pb.SEARCH_OUTCOME_OVERVIEW: "overview",
-}
-_STATUSES = {
-    pb.UPSERT_STATUS_CREATED: UpsertStatus.CREATED,
-    pb.UPSERT_STATUS_UPDATED: UpsertStatus.UPDATED,
-    pb.UPSERT_STATUS_UNCHANGED: UpsertStatus.UNCHANGED,
-}
-_SCOPES: dict[pb.Scope, ScopeName] = {
-    pb.SCOPE_CONVERSATION: "conversation",
-    pb.SCOPE_USER: "user",
-    pb.SCOPE_GLOBAL: "global",
-}
-_SCOPE_VALUES = {name: value for value, name in _SCOPES.items()}
 
 
 class RetrievalError(Exception):
@@ -110,72 +94,6 @@ async def _call(call: str, awaitable: Awaitable[T]) -> T:
         return await awaitable
     except grpc.aio.AioRpcError as exc:
         raise classify(call, exc) from exc
-
-
-def filter_to_pb(flt: MemoryFilter) -> pb.MemoryFilter:
-    message = pb.MemoryFilter(
-        conversation_id=flt.conversation_id or "",
-        kinds=[KIND_BY_NAME[k] for k in flt.kinds],
-        tags=list(flt.tags),
-        include_superseded=flt.include_superseded,
-        source_ids=list(flt.source_ids),
-        role=flt.role or "",
-    )
-    if flt.user_id is not None:
-        message.user_id = flt.user_id  # set, even to "": exactly this user
-    if flt.created_after is not None:
-        message.created_after.CopyFrom(to_timestamp(flt.created_after))
-    if flt.created_before is not None:
-        message.created_before.CopyFrom(to_timestamp(flt.created_before))
-    return message
-
-
-def query_to_pb(query: SearchQuery) -> pb.SearchRequest:
-    """Only the knobs someone set are sent; retrieval applies its defaults to the rest."""
-    request = pb.SearchRequest(
-        tenant=query.tenant,
-        query=query.text,
-        user_id=query.user_id,
-        conversation_id=query.conversation_id,
-        scopes=[_SCOPE_VALUES[s] for s in query.scopes],
-        kinds=[KIND_BY_NAME[k] for k in query.kinds],
-        include_superseded=query.include_superseded,
-        hits_only=not query.attachments,
-    )
-    for name in ("top_k", "recency_weight", "score_threshold", "mmr_lambda"):
-        value = getattr(query, name)
-        if value is not None:
-            setattr(request, name, value)
-    if query.now is not None:
-        request.now.CopyFrom(to_timestamp(query.now))
-    return request
-
-
-def _hit(hit: pb.SearchHit) -> SearchHit:
-    s = hit.scores
-    return SearchHit(
-        memory=record_from_pb(hit.memory),
-        scores=Scores(
-            dense=float(s.dense),
-            sparse=float(s.sparse) if s.HasField("sparse") else None,
-            relevance=float(s.relevance),
-            recency=float(s.recency),
-            total=float(s.total),
-            mmr=float(s.mmr),
-        ),
-        scope=_SCOPES.get(hit.scope),
-    )
-
-
-def result_from_pb(reply: pb.SearchResponse) -> SearchResult:
-    summary = reply.summary if reply.HasField("summary") and reply.summary.id else None
-    return SearchResult(
-        outcome=_OUTCOMES.get(reply.outcome, "ranked"),
-        hits=[_hit(h) for h in reply.hits],
-        summary=record_from_pb(summary) if summary is not None else None,
-        profile=[record_from_pb(m) for m in reply.profile],
-        candidates_considered=int(reply.candidates_considered),
-    )
 
 
 class MemoryPort:
@@ -222,7 +140,7 @@ class MemoryPort:
             stored.append(
                 Stored(
                     record.model_copy(update=update),
-                    _STATUSES.get(result.status, UpsertStatus.UPDATED),
+                    upsert_status(result.status),
                 )
             )
         return stored

@@ -26,8 +26,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram_core import metrics, semconv
+from engram_core.codec import pb, pb_grpc
 from engram_core.logging import get_logger
-from engram_core.proto import pb, pb_grpc
 from engram_core.retry import TransientError, retry_transient
 from engram_core.rpc_tracing import client_call
 from engram_core.settings import DEFAULT_GRPC_KEEPALIVE_S

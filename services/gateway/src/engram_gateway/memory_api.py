@@ -34,7 +34,6 @@ import base64
 import binascii
 import json
 import re
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -62,6 +61,7 @@ from engram_core.api_models import (
 )
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, utcnow
+from engram_core.ids import created_memory_id, normalize_id
 from engram_core.kinds import kind_names
 from engram_core.locks import LockTimeout
 from engram_core.logging import get_logger
@@ -87,7 +87,7 @@ from engram_gateway.deps import AppState, Tenant
 from engram_gateway.errors import INVALID_REQUEST, SERVICE_UNAVAILABLE, GatewayError, bad_request
 from engram_gateway.recall import hit_json, search_query
 from engram_gateway.state import GatewayState, request_id
-from engram_gateway.turns import ID_NAMESPACE, TurnNotPersisted, TurnScope
+from engram_gateway.turns import TurnNotPersisted, TurnScope
 
 log = get_logger(__name__)
 
@@ -125,12 +125,10 @@ IfMatch = Annotated[
 
 
 def _uuid(value: str, what: str) -> str:
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise bad_request(
-            f"{value[:64]!r} is not a valid {what} id (a UUID)", code="invalid_id"
-        ) from None
+    canonical = normalize_id(value)
+    if canonical is None:
+        raise bad_request(f"{value[:64]!r} is not a valid {what} id (a UUID)", code="invalid_id")
+    return canonical
 
 
 def _not_found(memory_id: str) -> GatewayError:
@@ -433,11 +431,6 @@ async def search_memories(state: AppState, tenant: Tenant, body: SearchMemories)
 # --- writing -----------------------------------------------------------------------------
 
 
-def _created_id(tenant: str, rid: str) -> str:
-    """From the request id: a retry with the same X-Request-Id creates nothing new."""
-    return str(uuid.uuid5(ID_NAMESPACE, f"memory.create/{tenant}/{rid}"))
-
-
 @router.post(
     "/memories",
     status_code=201,
@@ -453,7 +446,7 @@ async def create_memory(
     )
     _require_bus(state)
     rid = request_id(request)
-    memory_id = _created_id(tenant, rid)
+    memory_id = created_memory_id(tenant, rid)
     conversation = default_conversation(body.user, body.conversation)
     tags = list(dict.fromkeys(body.tags))
     existing = await state.memories.get_one(tenant, memory_id)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -32,12 +31,10 @@ from faststream.nats import NatsBroker
 
 from engram_core.bus import publish_event
 from engram_core.events import TurnPersisted, utcnow
+from engram_core.ids import turn_event_id, turn_id
 from engram_core.logging import get_logger
 
 log = get_logger(__name__)
-
-#: Namespace of the gateway's derived ids (uuid5); never change it, ids would shift.
-ID_NAMESPACE = uuid.UUID("5b0f4d4e-7c1a-4a53-9c64-2a1f0e9d6c11")
 
 Role = Literal["user", "assistant"]
 
@@ -48,16 +45,6 @@ class TurnNotPersisted(RuntimeError):
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def turn_id(tenant: str, user_id: str, conversation_id: str, key: str, role: Role) -> str:
-    parts = ("turn.v2", tenant, user_id, conversation_id, key, role)
-    return str(uuid.uuid5(ID_NAMESPACE, "\x1f".join(parts)))
-
-
-def event_id_for_turn(turn: str, text: str) -> str:
-    """The text takes part: a regenerated reply (same turn, new text) is a new event."""
-    return str(uuid.uuid5(ID_NAMESPACE, f"turn.persisted/{turn}/{_digest(text)}"))
 
 
 def chat_turn_key(turn_index: int, prompt: str) -> str:
@@ -123,7 +110,7 @@ class TurnScope:
         """The turn's event; ``followed``: its status was registered (memories/add)."""
         tid = turn_id(self.tenant, self.user_id, self.conversation_id, self.key, role)
         return TurnPersisted(
-            event_id=event_id_for_turn(tid, text),
+            event_id=turn_event_id(tid, text),
             tenant=self.tenant,
             user_id=self.user_id,
             conversation_id=self.conversation_id,

@@ -38,6 +38,7 @@ from engram_core.memory import (
     ScopeName,
     SearchQuery,
     is_tenant_wide,
+    profile_display_text,
 )
 from engram_retrieval.embedder import SentenceEncoder
 from engram_retrieval.encode_queue import EncodeQueue
@@ -169,7 +170,9 @@ def display_text(payload: dict[str, Any]) -> str:
     """A profile entry without text reads as ``category key: value``."""
     profile = payload.get("profile") or {}
     if profile:
-        return f"{profile.get('category', '')} {profile.get('key', '')}: {profile.get('value', '')}"
+        return profile_display_text(
+            profile.get("category", ""), profile.get("key", ""), profile.get("value", "")
+        )
     return ""
 
 

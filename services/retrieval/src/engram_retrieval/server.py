@@ -13,9 +13,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
 from engram_core import event_loop
+from engram_core.codec import pb_grpc
 from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
-from engram_core.proto import pb_grpc
 from engram_core.retrieval_client import SERVICE_NAME, server_keepalive_options
 from engram_retrieval.embedder import (
     Embedder,

@@ -1,4 +1,10 @@
-"""The gRPC MemoryService: validation, the search pipeline, and the write path.
+"""The gRPC MemoryService: the edge between protobuf and the domain.
+
+Requests are decoded into domain types (:mod:`engram_core.codec`) and answers encoded
+from them; the search is :class:`~engram_retrieval.pipeline.SearchPipeline`, the write
+path :class:`~engram_retrieval.writes.MemoryWriter`, and stored payloads are read back as
+:class:`~engram_core.memory.MemoryRecord` (:mod:`engram_retrieval.payload`). Known
+failures become gRPC statuses here; internals never leak to the caller.
 
 Every call is scoped to ``request.tenant`` (required); the store filters on it, so
 another tenant's ids are reported missing and never returned, listed or counted.
@@ -12,31 +18,21 @@ import errno
 import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import grpc
-import numpy as np
 
-from engram_core import semconv
+from engram_core import codec
+from engram_core.codec import pb, pb_grpc
+from engram_core.ids import normalize_id
 from engram_core.logging import get_logger
-from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, ScopeName, SearchQuery
-from engram_core.proto import KIND_NAMES, from_timestamp, kind_name, pb, pb_grpc, to_timestamp
+from engram_core.memory import KIND_NAMES, MemoryFilter, Scores
 from engram_core.retrieval_client import SERVICE_NAME
 from engram_core.rpc_tracing import served_call
 from engram_retrieval.embedder import SentenceEncoder
-from engram_retrieval.payload import (
-    build_payload,
-    derive_id,
-    format_ts,
-    identity_text,
-    index_key,
-    normalize_id,
-    parse_ts,
-    payload_to_memory,
-)
-from engram_retrieval.pipeline import OutcomeName, SearchPipeline
+from engram_retrieval.payload import format_ts, parse_ts, record_from_payload
 from engram_retrieval.pipeline import RequestError as InvalidRequest
+from engram_retrieval.pipeline import SearchPipeline
 from engram_retrieval.remote_embedder import EmbedderRequestError, EmbedderUnavailable
 from engram_retrieval.store import (
     ForeignIdError,
@@ -46,36 +42,9 @@ from engram_retrieval.store import (
     StoredPoint,
     StoreError,
 )
+from engram_retrieval.writes import MemoryWriter, Written
 
 log = get_logger(__name__)
-
-_KINDS: dict[int, MemoryKindName] = {
-    pb.MEMORY_KIND_TURN: "turn",
-    pb.MEMORY_KIND_FACT: "fact",
-    pb.MEMORY_KIND_PROFILE: "profile",
-    pb.MEMORY_KIND_SUMMARY: "summary",
-    pb.MEMORY_KIND_EPISODE: "episode",
-}
-DEFAULT_PAGE_SIZE = 50
-MAX_PAGE_SIZE = 500
-MAX_UPSERT_BATCH = 2048
-MAX_IDS = 1000
-DEFAULT_SCOPES_LIMIT = 100
-MAX_SCOPES_LIMIT = 1000
-
-_OUTCOMES: dict[OutcomeName, pb.SearchOutcome] = {
-    "ranked": pb.SEARCH_OUTCOME_RANKED,
-    "small_store": pb.SEARCH_OUTCOME_SMALL_STORE,
-    "nothing_relevant": pb.SEARCH_OUTCOME_NOTHING_RELEVANT,
-    "empty": pb.SEARCH_OUTCOME_EMPTY,
-    "overview": pb.SEARCH_OUTCOME_OVERVIEW,
-}
-_SCOPES: dict[pb.Scope, ScopeName] = {
-    pb.SCOPE_CONVERSATION: "conversation",
-    pb.SCOPE_USER: "user",
-    pb.SCOPE_GLOBAL: "global",
-}
-_SCOPE_VALUES = {name: value for value, name in _SCOPES.items()}
 
 R = TypeVar("R")
 
@@ -113,6 +82,8 @@ def _rpc(
 
             try:
                 return await fn(self, request, context)
+            except codec.DecodeError as exc:
+                await abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
             except InvalidRequest as exc:
                 invalid = grpc.StatusCode.INVALID_ARGUMENT
                 await abort(exc.code if isinstance(exc, RequestError) else invalid, exc.message)
@@ -140,16 +111,6 @@ def _require_tenant(tenant: str) -> str:
     return tenant
 
 
-def _kind_names(kinds: Sequence[int], default: Sequence[str], field: str) -> tuple[str, ...]:
-    names = []
-    for kind in kinds:
-        name = kind_name(kind)
-        if name == "unspecified":
-            raise RequestError(f"{field}: unknown memory kind {kind}")
-        names.append(name)
-    return tuple(dict.fromkeys(names)) if names else tuple(default)
-
-
 def encode_page_token(cursor: PageCursor) -> str:
     raw = json.dumps([cursor.created_at, cursor.id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -167,64 +128,30 @@ def decode_page_token(token: str) -> PageCursor:
     return PageCursor(created_at=created_at, id=point_id)
 
 
-def _kind_tuple(kinds: Sequence[int], field: str) -> tuple[MemoryKindName, ...]:
-    names: list[MemoryKindName] = []
-    for kind in kinds:
-        name = _KINDS.get(kind)
-        if name is None:
-            raise RequestError(f"{field}: unknown memory kind {kind}")
-        names.append(name)
-    return tuple(dict.fromkeys(names))
-
-
-def search_query(request: pb.SearchRequest) -> SearchQuery:
-    """The domain query of a SearchRequest; unknown enum values are the caller's error."""
-    scopes: list[ScopeName] = []
-    for scope in request.scopes:
-        if scope not in _SCOPES:
-            raise RequestError(f"scopes: unknown scope {scope}")
-        scopes.append(_SCOPES[scope])
-    return SearchQuery(
-        tenant=request.tenant,
-        text=request.query,
-        user_id=request.user_id,
-        conversation_id=request.conversation_id or DEFAULT_CONVERSATION,
-        top_k=request.top_k if request.HasField("top_k") else None,
-        recency_weight=request.recency_weight if request.HasField("recency_weight") else None,
-        score_threshold=request.score_threshold if request.HasField("score_threshold") else None,
-        mmr_lambda=request.mmr_lambda if request.HasField("mmr_lambda") else None,
-        scopes=tuple(scopes),
-        kinds=_kind_tuple(request.kinds, "kinds"),
-        now=from_timestamp(request.now) if request.HasField("now") else None,
-        include_superseded=request.include_superseded,
-        attachments=not request.hits_only,
-    )
-
-
-def _filter_from(
-    tenant: str, flt: pb.MemoryFilter, *, kinds_default: Sequence[str] = ()
-) -> PointFilter:
+def _point_filter(tenant: str, flt: MemoryFilter) -> PointFilter:
+    """A domain filter as the store reads it: ``created_at`` bounds in the payload's
+    timestamp format."""
     return PointFilter(
         tenant=tenant,
-        user_id=flt.user_id if flt.HasField("user_id") else None,
-        conversation_id=flt.conversation_id or None,
-        kinds=_kind_names(flt.kinds, kinds_default, "filter.kinds"),
-        tags=tuple(flt.tags),
-        source_ids=tuple(flt.source_ids),
-        role=flt.role or None,
+        user_id=flt.user_id,
+        conversation_id=flt.conversation_id,
+        kinds=flt.kinds,
+        tags=flt.tags,
+        source_ids=flt.source_ids,
+        role=flt.role,
         include_superseded=flt.include_superseded,
-        created_after=_created_bound(flt, "created_after"),
-        created_before=_created_bound(flt, "created_before"),
+        created_after=format_ts(flt.created_after) if flt.created_after is not None else None,
+        created_before=format_ts(flt.created_before) if flt.created_before is not None else None,
     )
 
 
-def _created_bound(
-    flt: pb.MemoryFilter, name: Literal["created_after", "created_before"]
-) -> str | None:
-    """A ``created_at`` bound as the payload's timestamps, or None when not set."""
-    if not flt.HasField(name):
-        return None
-    return format_ts(getattr(flt, name).ToDatetime(tzinfo=UTC))
+def _memory(point: StoredPoint) -> pb.Memory:
+    """A stored point as the caller receives it (with its tenant and embedding model)."""
+    return codec.record_to_pb(
+        record_from_payload(point.id, point.payload),
+        tenant=point.payload.get("tenant", ""),
+        embedding_model=point.payload.get("embedding_model", ""),
+    )
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
@@ -237,14 +164,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.store = store
         self.embedder = embedder
         self.pipeline = pipeline
-        self.lexical = pipeline.lexical
-        self.clock = pipeline.clock
-        self.tracer = pipeline.tracer
-        # Summaries are attached by id and never searched by similarity (Search refuses
-        # the kind), so they are not run through the model: a 2,000-character summary
-        # costs eight times a turn, and it is rewritten on every fact. They get a fixed
-        # unit vector instead.
-        self.unsearched_vector = np.eye(1, embedder.dim, dtype=np.float32)[0]
+        self.writer = MemoryWriter(
+            store,
+            embedder,
+            encoder=pipeline.encoder,
+            lexical=pipeline.lexical,
+            clock=pipeline.clock,
+            tracer=pipeline.tracer,
+        )
 
     # -- Search -----------------------------------------------------------------------
 
@@ -252,32 +179,24 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def Search(
         self, request: pb.SearchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SearchResponse:
-        ranked = await self.pipeline.run(search_query(request))
+        ranked = await self.pipeline.run(codec.search_query(request))
         response = pb.SearchResponse(
-            outcome=_OUTCOMES[ranked.outcome],
+            outcome=codec.OUTCOME_BY_NAME[ranked.outcome],
             candidates_considered=ranked.considered,
             timings=pb.StageTimings(**vars(ranked.timings)),
         )
         for hit in ranked.hits:
-            scores = pb.ScoreBreakdown(
-                dense=hit.dense,
-                relevance=hit.relevance,
-                recency=hit.recency,
-                total=hit.total,
-                mmr=hit.mmr,
-            )
-            if hit.sparse is not None:
-                scores.sparse = hit.sparse
+            scores = Scores(hit.dense, hit.sparse, hit.relevance, hit.recency, hit.total, hit.mmr)
             response.hits.append(
                 pb.SearchHit(
-                    memory=payload_to_memory(hit.point.id, hit.point.payload),
-                    scores=scores,
-                    scope=_SCOPE_VALUES[hit.scope],
+                    memory=_memory(hit.point),
+                    scores=codec.scores_to_pb(scores),
+                    scope=codec.SCOPE_BY_NAME[hit.scope],
                 )
             )
         if ranked.summary is not None:
-            response.summary.CopyFrom(payload_to_memory(ranked.summary.id, ranked.summary.payload))
-        response.profile.extend(payload_to_memory(p.id, p.payload) for p in ranked.profile)
+            response.summary.CopyFrom(_memory(ranked.summary))
+        response.profile.extend(_memory(p) for p in ranked.profile)
         log.debug(
             "search.served",
             tenant=request.tenant,
@@ -295,83 +214,19 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.UpsertRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpsertResponse:
         tenant = _require_tenant(request.tenant)
-        if len(request.memories) > MAX_UPSERT_BATCH:
-            raise RequestError(f"at most {MAX_UPSERT_BATCH} memories per Upsert")
-        ids: list[str] = []
-        for i, memory in enumerate(request.memories):
-            where = f"memories[{i}]"
-            if memory.tenant and memory.tenant != tenant:
-                raise RequestError(f"{where}.tenant differs from the request's tenant")
-            if memory.kind not in KIND_NAMES:
-                raise RequestError(f"{where}.kind: unknown memory kind {memory.kind}")
-            if not identity_text(memory).strip():
-                raise RequestError(f"{where}: text is empty (profile entries may use profile)")
-            if memory.id:
-                point_id = normalize_id(memory.id)
-                if point_id is None:
-                    raise RequestError(f"{where}.id is not a UUID: {memory.id!r}")
-            else:
-                point_id = derive_id(tenant, memory)
-            ids.append(point_id)
-
-        existing = {p.id: p for p in await self.store.retrieve(tenant, ids, with_vectors=True)}
-        now = self.clock()
-        pending: dict[str, StoredPoint] = {}
-        to_embed: list[tuple[str, str]] = []
-        results: list[pb.UpsertResult] = []
-        for point_id, memory in zip(ids, request.memories, strict=True):
-            previous = pending.get(point_id) or existing.get(point_id)
-            created_at = from_timestamp(memory.created_at)
-            if created_at is None and previous is not None:
-                created_at = parse_ts(previous.created_at)
-            payload = build_payload(
-                tenant,
-                memory,
-                created_at=created_at or now,
-                updated_at=now,
-                embedding_model=self.embedder.model_id,
-            )
-            if previous is not None and _same(previous.payload, payload):
-                results.append(_result(point_id, pb.UPSERT_STATUS_UNCHANGED, previous.payload))
-                continue
-            key = index_key(memory, parse_ts(payload["created_at"]))
-            point = StoredPoint(id=point_id, payload=payload, sparse=self.lexical.document(key))
-            if memory.kind == pb.MEMORY_KIND_SUMMARY:
-                point.vector = self.unsearched_vector
-            elif previous is not None and _reusable(
-                previous, payload, late_interaction=self.store.late_interaction
-            ):
-                point.vector, point.tokens = previous.vector, previous.tokens
-            else:
-                to_embed.append((point_id, key))
-            pending[point_id] = point
-            status = pb.UPSERT_STATUS_UPDATED if previous else pb.UPSERT_STATUS_CREATED
-            results.append(_result(point_id, status, payload))
-
-        if to_embed:
-            with self.tracer.start_as_current_span(
-                "embed",
-                attributes={semconv.ENGRAM_TENANT: tenant, semconv.ENGRAM_TEXTS: len(to_embed)},
-            ):
-                encoded = await self.pipeline.encoder.encode([text for _, text in to_embed])
-            for (point_id, _), vectors in zip(to_embed, encoded, strict=True):
-                pending[point_id].vector = vectors.dense
-                pending[point_id].tokens = vectors.tokens
+        if len(request.memories) > codec.MAX_UPSERT_BATCH:
+            raise RequestError(f"at most {codec.MAX_UPSERT_BATCH} memories per Upsert")
+        records = [
+            codec.record_to_write(tenant, memory, f"memories[{i}]")
+            for i, memory in enumerate(request.memories)
+        ]
         try:
-            await self.store.upsert(tenant, list(pending.values()))
+            written = await self.writer.upsert(tenant, records)
         except ForeignIdError as exc:
             raise RequestError(
                 f"ids already exist: {', '.join(exc.ids)}", grpc.StatusCode.ALREADY_EXISTS
             ) from exc
-        log.debug(
-            "upsert.applied",
-            tenant=tenant,
-            created=sum(r.status == pb.UPSERT_STATUS_CREATED for r in results),
-            updated=sum(r.status == pb.UPSERT_STATUS_UPDATED for r in results),
-            unchanged=sum(r.status == pb.UPSERT_STATUS_UNCHANGED for r in results),
-            embedded=len(to_embed),
-        )
-        return pb.UpsertResponse(results=results)
+        return pb.UpsertResponse(results=[_result(w) for w in written])
 
     @_rpc
     async def Delete(
@@ -407,7 +262,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             if point is None:
                 response.missing_ids.append(raw)
             else:
-                response.memories.append(payload_to_memory(point.id, point.payload))
+                response.memories.append(_memory(point))
         return response
 
     @_rpc
@@ -417,11 +272,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         tenant = _require_tenant(request.tenant)
         if request.page_size < 0:
             raise RequestError("page_size must not be negative")
-        page_size = min(request.page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+        page_size = min(request.page_size or codec.DEFAULT_PAGE_SIZE, codec.MAX_PAGE_SIZE)
         after = decode_page_token(request.page_token) if request.page_token else None
-        page = await self.store.list_page(_filter_from(tenant, request.filter), page_size, after)
+        flt = _point_filter(tenant, codec.filter_from_pb(request.filter))
+        page = await self.store.list_page(flt, page_size, after)
         return pb.ListResponse(
-            memories=[payload_to_memory(p.id, p.payload) for p in page.points],
+            memories=[_memory(p) for p in page.points],
             next_page_token=encode_page_token(page.next) if page.next else "",
         )
 
@@ -430,7 +286,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.CountRequest, context: grpc.aio.ServicerContext
     ) -> pb.CountResponse:
         tenant = _require_tenant(request.tenant)
-        flt = _filter_from(tenant, request.filter, kinds_default=tuple(KIND_NAMES.values()))
+        flt = _point_filter(tenant, codec.filter_from_pb(request.filter, kinds_default=KIND_NAMES))
         if len(flt.kinds) == 1:
             by_kind = {flt.kinds[0]: await self.store.count(flt)}
         else:  # one facet over the kind index instead of one count per kind
@@ -445,9 +301,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         """The tenant's users (``user_id`` unset) or one user's conversations, from the
         store's facet counts of the keyword index: most memories first."""
         tenant = _require_tenant(request.tenant)
-        if not 0 <= request.limit <= MAX_SCOPES_LIMIT:
-            raise RequestError(f"limit must be within [0, {MAX_SCOPES_LIMIT}]")
-        limit = request.limit or DEFAULT_SCOPES_LIMIT
+        if not 0 <= request.limit <= codec.MAX_SCOPES_LIMIT:
+            raise RequestError(f"limit must be within [0, {codec.MAX_SCOPES_LIMIT}]")
+        limit = request.limit or codec.DEFAULT_SCOPES_LIMIT
         by_user = request.HasField("user_id")
         flt = PointFilter(
             tenant=tenant,
@@ -469,31 +325,14 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
 
 def _ids(raw_ids: Sequence[str]) -> list[tuple[str, str | None]]:
-    if len(raw_ids) > MAX_IDS:
-        raise RequestError(f"at most {MAX_IDS} ids per call")
+    if len(raw_ids) > codec.MAX_IDS:
+        raise RequestError(f"at most {codec.MAX_IDS} ids per call")
     return list(dict.fromkeys((raw, normalize_id(raw)) for raw in raw_ids))
 
 
-def _result(point_id: str, status: pb.UpsertStatus, payload: dict[str, Any]) -> pb.UpsertResult:
+def _result(written: Written) -> pb.UpsertResult:
     """The outcome of one memory, with the stored timestamps."""
-    result = pb.UpsertResult(id=point_id, status=status)
-    result.created_at.CopyFrom(to_timestamp(parse_ts(payload["created_at"])))
-    result.updated_at.CopyFrom(to_timestamp(parse_ts(payload["updated_at"])))
+    result = pb.UpsertResult(id=written.id, status=codec.STATUS_BY_NAME[written.status])
+    result.created_at.CopyFrom(codec.to_timestamp(written.created_at))
+    result.updated_at.CopyFrom(codec.to_timestamp(written.updated_at))
     return result
-
-
-def _reusable(previous: StoredPoint, payload: dict[str, Any], *, late_interaction: bool) -> bool:
-    """Whether the stored vectors still fit: same model and index text, token vectors
-    present where the store keeps them."""
-    return (
-        previous.vector is not None
-        and (previous.tokens is not None or not late_interaction)
-        and previous.payload.get("embed_hash") == payload["embed_hash"]
-    )
-
-
-def _same(stored: dict[str, Any], fresh: dict[str, Any]) -> bool:
-    return (
-        stored.get("content_hash") == fresh["content_hash"]
-        and stored.get("embedding_model") == fresh["embedding_model"]
-    )

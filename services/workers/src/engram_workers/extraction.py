@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from engram_core.events import FactProposed, TurnPersisted, deterministic_event_id
+from engram_core import ids
+from engram_core.events import FactProposed, TurnPersisted
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, ProposedProfileFact
 from engram_core.memory_port import MemoryPort
@@ -112,7 +113,7 @@ def fact_proposed(
         else (memory_id, "fact.proposed")
     )
     return FactProposed(
-        event_id=deterministic_event_id(*parts),
+        event_id=ids.event_id(*parts),
         tenant=event.tenant,
         user_id=event.user_id,
         conversation_id=event.conversation_id,

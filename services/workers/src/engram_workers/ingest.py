@@ -21,7 +21,6 @@ What was learned is never silent: a followed event (``POST /v1/memories/add``) e
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pydantic import Field
 from engram_core.event_status import EventStatusStore
 from engram_core.event_status import record_status as record_event_status
 from engram_core.events import TurnPersisted
+from engram_core.ids import turn_memory_id
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.memory_writes import Change, apply
@@ -46,9 +46,6 @@ from engram_workers.runtime import (
 )
 
 log = get_logger(__name__)
-
-#: Fixed forever: changing it would give every stored turn a new id.
-TURN_ID_NAMESPACE = uuid.UUID("6f1d3c52-8a57-4f55-9a0e-2f1e8a5b7c31")
 
 #: Appended to the reason a followed turn was skipped for: nothing is lost.
 REEXTRACT_HINT = "the turn is stored; `engram reextract` learns from it later"
@@ -102,13 +99,6 @@ async def ingest_resources(
     finally:
         if llm is not None:
             await llm.close()
-
-
-def turn_memory_id(tenant: str, conversation_id: str, turn_id: str) -> str:
-    """The point id of a turn: the same turn always maps to the same memory."""
-    # Joined with the ASCII unit separator, which ids do not contain, so ("a.b", "c")
-    # and ("a", "b.c") stay distinct.
-    return str(uuid.uuid5(TURN_ID_NAMESPACE, "\x1f".join((tenant, conversation_id, turn_id))))
 
 
 def turn_memory(event: TurnPersisted) -> MemoryRecord:

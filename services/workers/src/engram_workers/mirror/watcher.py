@@ -32,7 +32,8 @@ from pathlib import Path
 
 from watchfiles import Change, awatch
 
-from engram_core.events import Event, MemoryEdited, MemoryEditOp, deterministic_event_id
+from engram_core import ids
+from engram_core.events import Event, MemoryEdited, MemoryEditOp
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import (
@@ -477,7 +478,7 @@ def _edited(
 ) -> MemoryEdited:
     # The same observation published twice (a crash between publish and bookkeeping)
     # is de-duplicated; A → B → A is three observations, because `previous` differs.
-    event_id = deterministic_event_id("memory.edited", tenant, rel, op, sha, previous)
+    event_id = ids.event_id("memory.edited", tenant, rel, op, sha, previous)
     return MemoryEdited(
         event_id=event_id,
         tenant=tenant,

@@ -23,7 +23,6 @@ and is unit-tested without NATS, retrieval or a model:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,49 +30,18 @@ from typing import Literal
 
 from engram_core import lifecycle
 from engram_core.events import FactProposed
-from engram_core.memory import DEFAULT_CONVERSATION, MemoryRecord, ProposedProfileFact
+from engram_core.ids import fact_memory_id, profile_memory_id
+from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.memory_writes import Change
 from engram_core.near_duplicates import is_near_duplicate, normalise_text
 from engram_workers import prompts
 from engram_workers.extraction import normalise_key
 from engram_workers.llm import Ask, FellBack
 
-#: Fixed forever: changing it would give every stored fact a new id.
-FACT_ID_NAMESPACE = uuid.UUID("0b7e3a56-5c2d-4f1e-8f43-7265636f6e63")
-
 Action = Literal["ADD", "UPDATE", "DELETE", "NONE", "FALLBACK"]
 PROFILE_CAUSE = "reconcile:profile"
 
 # --- what counts as the same statement: engram_core.near_duplicates ---------------------
-
-
-def fact_memory_id(
-    tenant: str, user_id: str, conversation_id: str, text: str, reasserted_in: str = ""
-) -> str:
-    """The id of a fact: the same statement in one user's conversation is one memory.
-
-    ``reasserted_in`` (a turn memory id) gives a new version of a statement that was
-    true, was superseded, and is true again; the old version keeps its history.
-    """
-    parts = [
-        tenant,
-        user_id,
-        conversation_id or DEFAULT_CONVERSATION,
-        "fact",
-        normalise_text(text),
-    ]
-    if reasserted_in:
-        parts.append(reasserted_in)
-    return str(uuid.uuid5(FACT_ID_NAMESPACE, "\x1f".join(parts)))
-
-
-def profile_memory_id(
-    tenant: str, user_id: str, category: str, key: str, value: str, reasserted_in: str = ""
-) -> str:
-    parts = [tenant, user_id, "profile", category, key, normalise_text(value)]
-    if reasserted_in:
-        parts.append(reasserted_in)
-    return str(uuid.uuid5(FACT_ID_NAMESPACE, "\x1f".join(parts)))
 
 
 def confidence(value: float) -> float:

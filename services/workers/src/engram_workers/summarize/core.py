@@ -17,18 +17,14 @@ store and asks the model, then hands the answers to these.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from engram_core.lifecycle import summary_memory_id
+from engram_core.ids import episode_memory_id, summary_memory_id
 from engram_core.memory import MemoryRecord
 from engram_workers import prompts
 from engram_workers.llm import Ask, FellBack
-
-#: Fixed forever: changing it would give every episode a new id.
-EPISODE_NAMESPACE = uuid.UUID("0b5c0a8e-6d1f-5f7a-9b2e-657069736f64")
 
 #: How many of the most recently folded fact ids the summary remembers. A redelivery
 #: comes within minutes (retries with backoff), far fewer folds than this.
@@ -44,19 +40,7 @@ SUMMARIZER_RULES = "rule-based"
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
 
-__all__ = ["summary_memory_id"]  # re-exported: the summary's identity is a domain rule
-
-# --- ids --------------------------------------------------------------------------------
-
-
-def episode_memory_id(tenant: str, conversation_id: str, turn_ids: Sequence[str]) -> str:
-    """An episode is named by the turns it covers: the same window, the same point."""
-    return str(
-        uuid.uuid5(
-            EPISODE_NAMESPACE, "\x1f".join((tenant, conversation_id, ",".join(sorted(turn_ids))))
-        )
-    )
-
+__all__ = ["episode_memory_id", "summary_memory_id"]  # re-exported: ids are domain rules
 
 # --- text helpers -----------------------------------------------------------------------
 
