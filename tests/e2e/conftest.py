@@ -13,7 +13,7 @@ import pytest
 
 from engram_cli.stack.scripted_llm import RuleBasedBrain
 from engram_cli.stack.up import Stack
-from engram_core.proto import pb
+from engram_core.codec import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.keys import entry_for
 from engram_testing.stack import stack_settings

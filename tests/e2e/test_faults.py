@@ -17,8 +17,8 @@ import nats
 import pytest
 
 from engram_cli.stack.up import Stack
+from engram_core.codec import pb
 from engram_core.events import TurnPersisted
-from engram_core.proto import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.upstream import ScriptedUpstream
 from engram_testing.worker_stack import dead_letter_count

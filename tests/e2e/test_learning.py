@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from engram_cli.stack.up import Stack
-from engram_core.proto import pb
+from engram_core.codec import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.stack import start_stack
 
