@@ -1,6 +1,6 @@
 """A memory kind is a row (engram_core.kinds): the table names every kind once, and each
 reader that treats kinds differently — search defaults, ranking, lifecycle, the mirror,
-recall, the memory API, evict and summarize — follows the table rather than a list of
+recall, the memory API, the MCP tools, evict and summarize — follows the table rather than a list of
 its own. Several tests swap rows of the table and check the reader follows the swap,
 so a reader that still names kinds itself fails them."""
 
@@ -14,10 +14,14 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, cast, get_args
 
+import httpx2
 import numpy as np
 import pytest
+from mcp import Client
 
+from engram_client.mcp_tools import GatewayApi, build_mcp_server
 from engram_core import kinds, lifecycle, mirror_format
+from engram_core.api_models import SearchMemories
 from engram_core.events import MemoryChanged
 from engram_core.grpc_gen.engram.memory.v1 import memory_pb2
 from engram_core.kinds import KINDS, KindPolicy, kind_names
@@ -108,6 +112,12 @@ def test_a_search_naming_no_kinds_searches_the_rows_searched_by_default() -> Non
     assert expected == DEFAULT_SEARCH_KINDS
     for scope in pipeline().scopes(SearchQuery(tenant=TENANT, text="q", user_id="alice")):
         assert scope.flt.kinds == expected
+
+
+def test_the_search_api_documents_the_kinds_searched_by_default() -> None:
+    described = SearchMemories.model_fields["kinds"].description
+    expected = ", ".join(kind_names(lambda k: k.searched_by_default))
+    assert described == f"Empty: {expected}."
 
 
 def test_a_search_naming_a_kind_that_is_not_embedded_is_refused(
@@ -361,3 +371,21 @@ async def test_summarize_dispatches_on_the_table(
         ("fold_facts", "profile"),
         ("update_episodes", "fact"),
     ]
+
+
+# --- the MCP tools -----------------------------------------------------------------------
+
+
+async def test_the_mcp_list_tool_offers_and_describes_every_kind() -> None:
+    async with (
+        httpx2.AsyncClient(base_url="http://127.0.0.1:9") as http,
+        Client(build_mcp_server(GatewayApi(http))) as client,
+    ):
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    listing = tools["list_memories"]
+    assert listing.description is not None
+    for row in KINDS:
+        assert f"`{row.name}` ({row.description})" in listing.description
+    kinds_schema = listing.input_schema["properties"]["kinds"]
+    offered = next(s["items"]["enum"] for s in kinds_schema["anyOf"] if "items" in s)
+    assert offered == list(KIND_NAMES)

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import httpx2
 from mcp.server.mcpserver import Context, MCPServer
@@ -30,6 +30,8 @@ from pydantic import BaseModel, Field, ValidationError
 from engram_client.async_client import AsyncEngramClient
 from engram_client.errors import EngramError, EventTimeout
 from engram_core.api_models import EventOut, MemoryId, UserId
+from engram_core.kinds import KINDS
+from engram_core.memory import MemoryKindName
 
 SERVER_NAME = "engram"
 INSTRUCTIONS = (
@@ -45,7 +47,11 @@ MAX_WAIT_S = 60.0
 POLL_INTERVAL_S = 0.5
 PROFILE_PAGE = 500
 
-Kind = Literal["turn", "fact", "profile", "summary", "episode"]
+LIST_MEMORIES = (
+    "List stored memories, newest first, with filters. Kinds: "
+    + ", ".join(f"`{k.name}` ({k.description})" for k in KINDS)
+    + ". Returns `data` (memories), `has_more` and `next_cursor`."
+)
 UserArg = Annotated[
     UserId,
     Field(
@@ -167,7 +173,7 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
             )
         return _json(found)
 
-    @server.tool(annotations=read_only)
+    @server.tool(annotations=read_only, description=LIST_MEMORIES)
     async def list_memories(
         ctx: Context,
         user: Annotated[
@@ -181,7 +187,8 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
             str | None, Field(max_length=200, description="Only this conversation's memories.")
         ] = None,
         kinds: Annotated[
-            list[Kind] | None, Field(description="Only these kinds (any of); unset: every kind.")
+            list[MemoryKindName] | None,
+            Field(description="Only these kinds (any of); unset: every kind."),
         ] = None,
         tags: Annotated[
             list[str] | None, Field(description="Only memories with any of these tags.")
@@ -204,11 +211,6 @@ def _add_reading_tools(server: MCPServer, api: GatewayApi) -> None:
             str | None, Field(description="`next_cursor` of the previous page, for the next one.")
         ] = None,
     ) -> dict[str, Any]:
-        """List stored memories, newest first, with filters. Kinds: `turn` (a chat
-        message), `fact` (an atomic statement learned from the user), `profile` (a
-        structured entry about the user), `summary` (a conversation's rolling summary),
-        `episode` (a summary of a stretch of turns). Returns `data` (memories),
-        `has_more` and `next_cursor`."""
         async with _tool_call():
             page = await api.engram(ctx).list_page(
                 user=user,

@@ -28,6 +28,7 @@ from pydantic import (
     WithJsonSchema,
 )
 
+from engram_core.kinds import kind_names
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryKindName, MemoryRecord
 from engram_core.timestamps import RANGE_TEXT, StorableDatetime
 
@@ -149,7 +150,8 @@ class SearchMemories(_Request):
     memory_score_threshold: Fraction | None = None
     memory_mmr_lambda: Fraction | None = None
     kinds: list[MemoryKindName] = Field(
-        default_factory=list, description="Empty: turns, facts and episodes."
+        default_factory=list,
+        description="Empty: " + ", ".join(kind_names(lambda k: k.searched_by_default)) + ".",
     )
     include_superseded: Switch = False
 
