@@ -255,7 +255,7 @@ def hit_json(hit: SearchHit, *, small_store: bool = False) -> dict[str, Any]:
     memory, scores = hit.memory, hit.scores
     entry: dict[str, Any] = {
         "id": memory.id,
-        "text": memory.text,
+        "text": memory.display_text,
         "kind": memory.kind,
         "score": _r(scores.total),
         "created_at": _iso(memory.created_at),
@@ -317,7 +317,8 @@ def _hit_label(memory: MemoryRecord) -> str:
 
 
 def _hit_line(number: int, memory: MemoryRecord) -> str:
-    return f"{number}. [{_day(memory.created_at)}] {_hit_label(memory)}: {quoted(memory.text)}"
+    text = quoted(memory.display_text)
+    return f"{number}. [{_day(memory.created_at)}] {_hit_label(memory)}: {text}"
 
 
 def _neighbours(a: MemoryRecord, b: MemoryRecord) -> bool:
