@@ -25,8 +25,9 @@ from starlette.routing import Route
 from engram_cli.cli_common import CliSettings
 from engram_cli.main import main
 from engram_cli.memory.importer import run_import
+from engram_cli.records import new_memory
 from engram_cli.stack.nats_server import free_port
-from engram_core.codec import from_timestamp, pb
+from engram_core.codec import from_timestamp, pb, to_timestamp
 from engram_core.events import STREAM_NAME, MemoryChanged
 from engram_core.memory import MemoryRecord
 from engram_core.mirror_format import Tombstone, live_path, render, tombstone_path
@@ -245,6 +246,20 @@ async def test_import_grpc_then_export_and_search(
     dog = next(h for h in result["hits"] if h["text"] == "My dog is called Biscuit.")
     assert (dog["scope"], dog["conversation_id"], dog["kind"]) == ("conversation", "trip", "turn")
     assert 0 < dog["score"] <= 1 and dog["scores"]["relevance"] > 0
+
+
+@pytest.mark.parametrize("source_id", ["chat-1:0", ""])
+async def test_the_cli_names_a_memory_as_retrieval_names_one_sent_without_an_id(
+    retrieval: RealRetrieval, source_id: str
+) -> None:
+    """What an import or a bench wrote before the CLI named its memories (retrieval named
+    them) is the same memory now: writing it again rewrites it, never copies it."""
+    said_at = datetime(2025, 3, 1, 10, tzinfo=UTC)
+    fields: dict[str, Any] = {"role": "user", "text": "My dog is called Biscuit."}
+    fields |= {"user_id": "alice", "conversation_id": "trip", "source_id": source_id}
+    unnamed = pb.Memory(kind=pb.MEMORY_KIND_TURN, created_at=to_timestamp(said_at), **fields)
+    reply = await retrieval.client.upsert(pb.UpsertRequest(tenant="acme", memories=[unnamed]))
+    assert reply.results[0].id == new_memory("acme", kind="turn", created_at=said_at, **fields).id
 
 
 async def test_import_locomo_is_detected(

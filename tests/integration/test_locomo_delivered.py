@@ -22,6 +22,7 @@ from engram_cli.bench.locomo.bench import (
 )
 from engram_cli.bench.locomo.dataset import load_samples
 from engram_cli.bench.locomo.delivered import delivered_pass, delivered_table
+from engram_core.memory_port import MemoryPort
 from engram_testing.worker_stack import running_retrieval
 
 FILLER = [
@@ -73,9 +74,10 @@ async def test_the_delivered_pass_scores_what_a_chat_would_be_given(tmp_path: Pa
     config = CONFIGS["default"]
     ingested = Ingested()
     async with running_retrieval(tmp_path / "retrieval") as retrieval:
-        await ingest(retrieval.client, samples, 256, ingested)
+        memories = MemoryPort(retrieval.client)
+        await ingest(memories, samples, 256, ingested)
         rows, latencies = await query_all(
-            retrieval.client, config, questions, (5, 10), ingested.turn_of_point
+            memories, config, questions, (5, 10), ingested.turn_of_point
         )
         result = summarize(
             config,
@@ -86,7 +88,7 @@ async def test_the_delivered_pass_scores_what_a_chat_would_be_given(tmp_path: Pa
             "tiny.json",
         )
         result["delivered"] = await delivered_pass(
-            retrieval.client,
+            memories,
             "default",
             questions,
             (4,),

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*ROOT.glob("libs/*/src"), *ROOT.glob("services/*/src")]
 GENERATED = "engram_core.grpc_gen"
 #: The modules that hand out the generated code (re-exports included).
-EDGE = ("engram_core.codec", "engram_core.proto", "engram_core.memory_record")
+EDGE = ("engram_core.codec", "engram_core.proto")
 
 #: The one module that imports the generated code.
 CODEC = "engram_core.codec"
@@ -24,12 +24,8 @@ SPEAKS_GRPC = {
     "engram_core.memory_port": "the client side: domain calls as gRPC requests",
     "engram_retrieval.server": "registers the servicer",
     "engram_retrieval.service": "the servicer: decodes requests, encodes answers",
-    "engram_core.proto": "kept only for the CLI until it moves onto the port",
-    "engram_core.memory_record": "kept only for the CLI until it moves onto the port",
+    "engram_core.proto": "the short names the Helm chart's test script imports",
 }
-#: The CLI's benches and importer still build protobuf messages (moving them onto the
-#: port is the CLI's own step); the package is exempt until then.
-EXEMPT_PACKAGES = ("engram_cli",)
 
 
 def source_modules() -> dict[str, Path]:
@@ -71,9 +67,7 @@ def test_only_the_codec_imports_the_generated_code() -> None:
     modules = source_modules()
     assert len(modules) > 100  # the whole code base was read
     importers = sorted(
-        name
-        for name, path in modules.items()
-        if touches(imported(name, path), (GENERATED,)) and not name.startswith(EXEMPT_PACKAGES)
+        name for name, path in modules.items() if touches(imported(name, path), (GENERATED,))
     )
     assert importers == [CODEC]
 
@@ -83,7 +77,7 @@ def test_only_the_modules_that_speak_grpc_import_the_codec() -> None:
     strays = sorted(
         name
         for name, path in modules.items()
-        if name != CODEC and name not in SPEAKS_GRPC and not name.startswith(EXEMPT_PACKAGES)
+        if name != CODEC and name not in SPEAKS_GRPC
         if touches(imported(name, path), EDGE)
     )
     assert strays == []

@@ -20,7 +20,7 @@ from engram_cli.bench.locomo.bench import (
     parse_ks,
     results_document,
     scored_questions,
-    search_request,
+    search_query,
     summarize,
     turn_memories,
 )
@@ -30,7 +30,6 @@ from engram_cli.bench.locomo.dataset import (
     parse_samples,
     parse_session_datetime,
 )
-from engram_core.codec import from_timestamp, pb
 
 
 def synthetic() -> list[dict[str, Any]]:
@@ -156,23 +155,27 @@ def test_format_errors_say_where(mutate: Any, message: str) -> None:
         parse_samples({"qa": []})
 
 
-def test_turn_memories_and_search_request(tmp_path: Path) -> None:
+def test_turn_memories_and_search_query(tmp_path: Path) -> None:
     (sample, _) = load_samples(write(tmp_path, synthetic()))
     memories = turn_memories(sample)
     assert [m.source_id for m in memories] == ["D1:1", "D1:2", "D2:1"]
     assert [m.role for m in memories] == ["user", "assistant", "user"]
     assert {m.conversation_id for m in memories} == {"s-1"}
-    assert all(m.kind == pb.MEMORY_KIND_TURN for m in memories)
-    assert from_timestamp(memories[2].created_at) == datetime(2024, 1, 4, 0, 19, tzinfo=UTC)
+    assert all(m.kind == "turn" for m in memories)
+    assert memories[2].created_at == datetime(2024, 1, 4, 0, 19, tzinfo=UTC)
     assert memories[1].metadata["speaker"] == "Bo"
-    request = search_request(sample, "What pet?", 50, CONFIGS["bm25"])
-    assert (request.tenant, request.conversation_id, request.top_k) == ("locomo-s-1", "s-1", 50)
-    assert request.HasField("score_threshold") and request.score_threshold == 0.0
-    assert request.recency_weight == 0.0 and request.mmr_lambda == 1.0
-    assert list(request.scopes) == [pb.SCOPE_CONVERSATION]
-    assert from_timestamp(request.now) == sample.last_session_at
-    default = search_request(sample, "What pet?", 10, CONFIGS["default"])
-    assert not default.HasField("recency_weight") and not default.HasField("mmr_lambda")
+    # the ids retrieval gives a memory written without one: a re-run rewrites, never copies
+    assert len({m.id for m in memories}) == 3
+    assert [m.id for m in turn_memories(sample)] == [m.id for m in memories]
+    assert turn_memories(sample, "other")[0].id != memories[0].id
+    query = search_query(sample, "What pet?", 50, CONFIGS["bm25"])
+    assert (query.tenant, query.conversation_id, query.top_k) == ("locomo-s-1", "s-1", 50)
+    assert query.score_threshold == 0.0
+    assert query.recency_weight == 0.0 and query.mmr_lambda == 1.0
+    assert query.scopes == ("conversation",)
+    assert query.now == sample.last_session_at
+    default = search_query(sample, "What pet?", 10, CONFIGS["default"])
+    assert default.recency_weight is None and default.mmr_lambda is None
 
 
 def test_scored_questions_and_evidence_counts(tmp_path: Path) -> None:

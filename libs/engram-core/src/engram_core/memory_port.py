@@ -12,6 +12,7 @@ what to answer. Nothing connects at import; build the port on a
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -96,6 +97,17 @@ async def _call(call: str, awaitable: Awaitable[T]) -> T:
         raise classify(call, exc) from exc
 
 
+@dataclass(frozen=True)
+class StageTimings:
+    """Where one search spent its time in the service, in ms (``engram bench``)."""
+
+    embed_ms: float
+    candidates_ms: float
+    rerank_ms: float
+    mmr_ms: float
+    total_ms: float
+
+
 class MemoryPort:
     """Memories of a retrieval service, in domain types. Every method takes the tenant;
     the service enforces it, so another tenant's ids are simply missing."""
@@ -105,6 +117,13 @@ class MemoryPort:
 
     async def search(self, query: SearchQuery) -> SearchResult:
         return result_from_pb(await _call("Search", self.client.search(query_to_pb(query))))
+
+    async def search_timed(self, query: SearchQuery) -> tuple[SearchResult, StageTimings]:
+        """A search and the service's time per stage."""
+        reply = await _call("Search", self.client.search(query_to_pb(query)))
+        t = reply.timings
+        timings = StageTimings(t.embed_ms, t.candidates_ms, t.rerank_ms, t.mmr_ms, t.total_ms)
+        return result_from_pb(reply), timings
 
     async def get(self, tenant: str, ids: Iterable[str]) -> dict[str, MemoryRecord]:
         """The memories among ``ids`` that exist for ``tenant``, by id."""

@@ -1,7 +1,7 @@
-"""Kept only for the CLI (libs/engram-cli) until it moves onto the domain types: the
-names it still imports, re-exported from :mod:`engram_core.codec`, which owns them.
-New code imports :mod:`engram_core.codec` (the gRPC edge) or, better, the domain types
-of :mod:`engram_core.memory` through :mod:`engram_core.memory_port`."""
+"""Kept for the Helm chart's test script (``deploy/helm/engram/templates/tests/``),
+which imports ``pb`` and ``pb_grpc`` from here: names re-exported from
+:mod:`engram_core.codec`, which owns them. Code imports the domain types of
+:mod:`engram_core.memory` through :mod:`engram_core.memory_port` instead."""
 
 from __future__ import annotations
 

@@ -24,8 +24,9 @@ import numpy as np
 
 from engram_cli.bench.common import RetrievalProcess
 from engram_cli.console import ProgressBar, print_table
-from engram_core.proto import pb, to_timestamp
-from engram_core.retrieval_client import RetrievalClient
+from engram_cli.records import new_memory
+from engram_core.memory import MemoryFilter, SearchQuery
+from engram_core.memory_port import MemoryPort
 
 _SUBJECTS = [
     "my sister",
@@ -92,7 +93,7 @@ def synthetic_texts(n: int, seed: int = 7) -> list[str]:
 
 
 async def _fill(
-    client: RetrievalClient,
+    memories: MemoryPort,
     tenant: str,
     texts: list[str],
     start: int,
@@ -102,23 +103,24 @@ async def _fill(
     base = datetime(2026, 1, 1, tzinfo=UTC)
     for offset in range(0, len(texts), batch):
         chunk = texts[offset : offset + batch]
-        memories = [
-            pb.Memory(
-                kind=pb.MEMORY_KIND_TURN,
+        records = [
+            new_memory(
+                tenant,
+                kind="turn",
                 role="user",
                 text=text,
                 user_id="bench-user",
                 conversation_id=f"conv-{(start + offset + i) % 20}",
                 source_id=f"bench-{start + offset + i}",
-                created_at=to_timestamp(base + timedelta(hours=start + offset + i)),
+                created_at=base + timedelta(hours=start + offset + i),
             )
             for i, text in enumerate(chunk)
         ]
-        await client.upsert(pb.UpsertRequest(tenant=tenant, memories=memories))
+        await memories.upsert(tenant, records)
         on_progress(offset + len(chunk))
 
 
-async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[str, object]:
+async def _measure(memories: MemoryPort, tenant: str, queries: int) -> dict[str, object]:
     latencies: list[float] = []
     stage_sums: dict[str, list[float]] = {
         "embed_ms": [],
@@ -128,17 +130,17 @@ async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[s
     }
     with ProgressBar("searching", queries) as bar:
         for i in range(queries):
-            request = pb.SearchRequest(
+            query = SearchQuery(
                 tenant=tenant,
-                query=_QUERIES[i % len(_QUERIES)],
+                text=_QUERIES[i % len(_QUERIES)],
                 user_id="bench-user",
                 conversation_id=f"conv-{i % 20}",
             )
             started = time.perf_counter()
-            reply = await client.search(request)
+            _, timings = await memories.search_timed(query)
             latencies.append((time.perf_counter() - started) * 1000)
             for key in stage_sums:
-                stage_sums[key].append(getattr(reply.timings, key))
+                stage_sums[key].append(getattr(timings, key))
             bar.advance()
     arr = np.array(latencies)
     return {
@@ -156,7 +158,7 @@ async def _measure(client: RetrievalClient, tenant: str, queries: int) -> dict[s
 async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp:
-        async with RetrievalProcess(Path(tmp)) as client:
+        async with RetrievalProcess(Path(tmp)) as memories:
             # one growing store: fill up to each size in turn, then measure
             stored = 0
             all_texts = synthetic_texts(max(sizes))
@@ -166,7 +168,7 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
                 with ProgressBar(f"storing up to {size}", size) as bar:
                     bar.update(stored)
                     await _fill(
-                        client,
+                        memories,
                         tenant,
                         all_texts[stored:size],
                         stored,
@@ -176,12 +178,10 @@ async def bench_latency(sizes: list[int], queries: int, batch: int) -> list[dict
                 upsert_s = time.perf_counter() - started
                 stored = size
                 for _ in range(5):  # warm-up
-                    await client.search(pb.SearchRequest(tenant=tenant, query="warm up"))
-                result = await _measure(client, tenant, queries)
-                count = await client.count(pb.CountRequest(tenant=tenant))
-                rows.append(
-                    {"memories": int(count.count), "upsert_s": round(upsert_s, 2), **result}
-                )
+                    await memories.search(SearchQuery(tenant=tenant, text="warm up"))
+                result = await _measure(memories, tenant, queries)
+                count = await memories.count(tenant, MemoryFilter())
+                rows.append({"memories": count.total, "upsert_s": round(upsert_s, 2), **result})
     return rows
 
 

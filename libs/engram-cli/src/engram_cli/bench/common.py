@@ -12,12 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from engram_cli.stack.nats_server import free_port
+from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 
 
 class RetrievalProcess:
-    """A real ``engram-retrieval`` child process on a free port and a fresh data dir;
-    ``extra_env`` adds or overrides ``ENGRAM_*`` settings for it."""
+    """A real ``engram-retrieval`` child process on a free port and a fresh data dir,
+    entered as the :class:`MemoryPort` on it; ``extra_env`` adds or overrides
+    ``ENGRAM_*`` settings for it."""
 
     def __init__(self, data_dir: Path, extra_env: dict[str, str] | None = None) -> None:
         self.port = free_port()
@@ -32,7 +34,7 @@ class RetrievalProcess:
             raise RuntimeError("engram-retrieval is not running")
         return self.process.pid
 
-    async def __aenter__(self) -> RetrievalClient:
+    async def __aenter__(self) -> MemoryPort:
         env = {
             **os.environ,
             **self.extra_env,
@@ -54,7 +56,7 @@ class RetrievalProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError("engram-retrieval not serving after 120s")
             await asyncio.sleep(0.2)
-        return self.client
+        return MemoryPort(self.client)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.client.close()

@@ -30,8 +30,9 @@ from typing import Any
 
 from engram_cli.bench.common import RetrievalProcess
 from engram_cli.console import ProgressCallback, print_table
-from engram_core.proto import pb, to_timestamp
-from engram_core.retrieval_client import RetrievalClient
+from engram_cli.records import new_memory
+from engram_core.memory import MemoryKindName, MemoryRecord, SearchQuery
+from engram_core.memory_port import MemoryPort
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -173,66 +174,81 @@ USER = "pat"
 
 
 def _memory(
-    kind: pb.MemoryKind, text: str, conversation: str, minutes: int, **fields: Any
-) -> pb.Memory:
-    return pb.Memory(
+    tenant: str,
+    kind: MemoryKindName,
+    text: str,
+    conversation: str,
+    minutes: int,
+    **fields: Any,
+) -> MemoryRecord:
+    return new_memory(
+        tenant,
         kind=kind,
         text=text,
         user_id=USER,
         conversation_id=conversation,
-        created_at=to_timestamp(NOW + timedelta(minutes=minutes)),
+        created_at=NOW + timedelta(minutes=minutes),
         **fields,
     )
 
 
-async def store_case(client: RetrievalClient, tenant: str, case: int, config: str) -> None:
+async def store_case(memories: MemoryPort, tenant: str, case: int, config: str) -> None:
     old, new, old_fact, new_fact, _ = CASES[case]
     tracked = config == "engram"
     turns = [
-        _memory(pb.MEMORY_KIND_TURN, old, "home", 0, role="user", turn_index=0),
-        _memory(pb.MEMORY_KIND_TURN, "Noted.", "home", 1, role="assistant", turn_index=1),
-        _memory(pb.MEMORY_KIND_TURN, new, "home", 60, role="user", turn_index=2),
-        _memory(pb.MEMORY_KIND_TURN, "Noted.", "home", 61, role="assistant", turn_index=3),
+        _memory(tenant, "turn", old, "home", 0, role="user", turn_index=0),
+        _memory(tenant, "turn", "Noted.", "home", 1, role="assistant", turn_index=1),
+        _memory(tenant, "turn", new, "home", 60, role="user", turn_index=2),
+        _memory(tenant, "turn", "Noted.", "home", 61, role="assistant", turn_index=3),
     ]
     for n, text in enumerate(OTHER):
-        turns.append(_memory(pb.MEMORY_KIND_TURN, f"{text}.", "life", -500 + n, role="user"))
-    turn_ids = [
-        r.id for r in (await client.upsert(pb.UpsertRequest(tenant=tenant, memories=turns))).results
-    ]
-    current = _memory(pb.MEMORY_KIND_FACT, new_fact, "home", 60)
-    if tracked:
-        current.source_turn_ids.append(turn_ids[2])
-    [current_id] = [
-        r.id
-        for r in (await client.upsert(pb.UpsertRequest(tenant=tenant, memories=[current]))).results
-    ]
-    superseded = _memory(pb.MEMORY_KIND_FACT, old_fact, "home", 0, superseded_by=current_id)
+        turns.append(_memory(tenant, "turn", f"{text}.", "life", -500 + n, role="user"))
+    turn_ids = [s.record.id for s in await memories.upsert(tenant, turns)]
+    current = _memory(
+        tenant, "fact", new_fact, "home", 60, source_turn_ids=[turn_ids[2]] if tracked else []
+    )
+    [stored] = await memories.upsert(tenant, [current])
+    current_id = stored.record.id
+    superseded = _memory(
+        tenant,
+        "fact",
+        old_fact,
+        "home",
+        0,
+        superseded_by=current_id,
+        source_turn_ids=[turn_ids[0]] if tracked else [],
+    )
     writes = [superseded] + [
-        _memory(pb.MEMORY_KIND_FACT, f"User says: {text}", "life", -500 + n)
+        _memory(tenant, "fact", f"User says: {text}", "life", -500 + n)
         for n, text in enumerate(OTHER)
     ]
     if tracked:
-        superseded.source_turn_ids.append(turn_ids[0])
-        corrected = turns[0]
-        corrected.id = turn_ids[0]
-        corrected.metadata["corrected_by"] = current_id
-        corrected.metadata["corrected_at"] = (NOW + timedelta(minutes=60)).isoformat()
+        corrected = turns[0].model_copy(
+            update={
+                "id": turn_ids[0],
+                "metadata": {
+                    **turns[0].metadata,
+                    "corrected_by": current_id,
+                    "corrected_at": (NOW + timedelta(minutes=60)).isoformat(),
+                },
+            }
+        )
         writes.append(corrected)
-    await client.upsert(pb.UpsertRequest(tenant=tenant, memories=writes))
+    await memories.upsert(tenant, writes)
 
 
-async def ask(client: RetrievalClient, tenant: str, case: int, conversation: str) -> dict[str, Any]:
+async def ask(memories: MemoryPort, tenant: str, case: int, conversation: str) -> dict[str, Any]:
     old, _, _, new_fact, question = CASES[case]
-    reply = await client.search(
-        pb.SearchRequest(
+    result = await memories.search(
+        SearchQuery(
             tenant=tenant,
-            query=question,
+            text=question,
             user_id=USER,
             conversation_id=conversation,
-            now=to_timestamp(NOW + timedelta(days=1)),
+            now=NOW + timedelta(days=1),
         )
     )
-    texts = [h.memory.text for h in reply.hits]
+    texts = [h.memory.text for h in result.hits]
     fact_rank = texts.index(new_fact) + 1 if new_fact in texts else None
     old_rank = texts.index(old) + 1 if old in texts else None
     return {
@@ -260,18 +276,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
 async def run(progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="engram-corrections-") as tmp:
-        async with RetrievalProcess(Path(tmp)) as client:
+        async with RetrievalProcess(Path(tmp)) as memories:
             total, done = len(CONFIGS) * len(CASES), 0
             for config in CONFIGS:
                 rows = []
                 for case in range(len(CASES)):
                     tenant = f"{config}-{case}"
-                    await store_case(client, tenant, case, config)
+                    await store_case(memories, tenant, case, config)
                     for conversation in ("home", "elsewhere"):
                         rows.append(
                             {
                                 "conversation": conversation,
-                                **await ask(client, tenant, case, conversation),
+                                **await ask(memories, tenant, case, conversation),
                             }
                         )
                     done += 1

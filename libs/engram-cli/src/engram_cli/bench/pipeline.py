@@ -34,7 +34,8 @@ from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.stack.up import StackSettings
 from engram_core.events import MemoryChanged, TurnPersisted
-from engram_core.proto import pb
+from engram_core.memory import SearchQuery
+from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.settings import parse_nats_urls
 
@@ -66,19 +67,20 @@ async def drive_pipeline(
     indexed: dict[str, float] = {}  # turn_id -> when memory.changed was seen
     verified: dict[str, bool] = {}
     retrieval = RetrievalClient(settings.retrieval_address)
+    memories = MemoryPort(retrieval)
     checks: list[asyncio.Task[None]] = []
 
     async def verify(token: str, conversation: str) -> None:
-        reply = await retrieval.search(
-            pb.SearchRequest(
+        result = await memories.search(
+            SearchQuery(
                 tenant="default",
-                query=f"I own a {token}.",
+                text=f"I own a {token}.",
                 conversation_id=conversation,
                 top_k=5,
                 score_threshold=0.0,
             )
         )
-        verified[token] = any(token in hit.memory.text for hit in reply.hits)
+        verified[token] = any(token in hit.memory.text for hit in result.hits)
 
     async def on_turn(msg: Any) -> None:
         turn = TurnPersisted.model_validate_json(msg.data)

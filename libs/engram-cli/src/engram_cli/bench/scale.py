@@ -34,8 +34,9 @@ from engram_cli.bench.common import (
 )
 from engram_cli.bench.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_cli.console import ProgressBar, print_table, render_table
-from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
-from engram_core.retrieval_client import RetrievalClient
+from engram_cli.records import new_memory
+from engram_core.memory import MemoryFilter, MemoryRecord, ScopeName, SearchQuery
+from engram_core.memory_port import MemoryPort
 
 # The environment of each engine's retrieval process ({data} = its data dir). No cache
 # of recent texts' vectors: the questions come from a few templates and repeat, and a
@@ -57,20 +58,21 @@ WARM_UP = 10
 STAGES = ("embed_ms", "candidates_ms", "rerank_ms", "mmr_ms")
 
 
-def to_proto(m: SyntheticMemory) -> pb.Memory:
-    return pb.Memory(
-        kind=KIND_BY_NAME[m.kind],
+def to_record(m: SyntheticMemory) -> MemoryRecord:
+    return new_memory(
+        m.tenant,
+        kind=m.kind,
         role=m.role,
         text=m.text,
         user_id=m.user_id,
         conversation_id=m.conversation_id,
         source_id=m.source_id,
-        created_at=to_timestamp(m.created_at),
+        created_at=m.created_at,
     )
 
 
 async def store_memories(
-    client: RetrievalClient,
+    memories: MemoryPort,
     items: Sequence[SyntheticMemory],
     batch: int,
     on_progress: Callable[[int], None],
@@ -87,35 +89,34 @@ async def store_memories(
     done = 0
     for turn in itertools.zip_longest(*chunks):
         for tenant, chunk in filter(None, turn):
-            request = pb.UpsertRequest(tenant=tenant, memories=[to_proto(m) for m in chunk])
-            await client.upsert(request)
+            await memories.upsert(tenant, [to_record(m) for m in chunk])
             done += len(chunk)
             on_progress(done)
 
 
 async def measure_search(
-    client: RetrievalClient, asks: Sequence[tuple[str, ...]], *, scoped: bool, label: str
+    memories: MemoryPort, asks: Sequence[tuple[str, ...]], *, scoped: bool, label: str
 ) -> dict[str, Any]:
     """Client-side latency of one Search per question; ``scoped`` = conversation only."""
     latencies: list[float] = []
     stages: dict[str, list[float]] = {k: [] for k in STAGES}
     outcomes: Counter[str] = Counter()
-    scopes = [pb.SCOPE_CONVERSATION] if scoped else []
+    scopes: tuple[ScopeName, ...] = ("conversation",) if scoped else ()
     with ProgressBar(label, len(asks)) as bar:
         for tenant, user_id, conversation_id, question in asks:
-            request = pb.SearchRequest(
+            query = SearchQuery(
                 tenant=tenant,
-                query=question,
+                text=question,
                 user_id=user_id,
                 conversation_id=conversation_id,
                 scopes=scopes,
             )
             started = time.perf_counter()
-            reply = await client.search(request)
+            result, timings = await memories.search_timed(query)
             latencies.append((time.perf_counter() - started) * 1000)
             for key in STAGES:
-                stages[key].append(getattr(reply.timings, key))
-            outcomes[pb.SearchOutcome.Name(reply.outcome).removeprefix("SEARCH_OUTCOME_")] += 1
+                stages[key].append(getattr(timings, key))
+            outcomes[result.outcome.upper()] += 1
             bar.advance()
     return {
         "queries": len(asks),
@@ -133,7 +134,7 @@ async def bench_engine(
     with tempfile.TemporaryDirectory(prefix=f"engram-scale-{engine}-") as tmp:
         env = {k: v.format(data=tmp) for k, v in ENGINES[engine].items()}
         process = RetrievalProcess(Path(tmp), extra_env=env)
-        async with process as client:
+        async with process as memories:
             stored = 0
             for size in sizes:
                 added = corpus[stored:size]
@@ -141,7 +142,7 @@ async def bench_engine(
                 with ProgressBar(f"[{engine}] storing to {size}", size) as bar:
                     bar.update(stored)
                     await store_memories(
-                        client,
+                        memories,
                         added,
                         args.batch,
                         bar.counting_from(stored),
@@ -150,10 +151,10 @@ async def bench_engine(
                 stored = size
                 asks = queries(list(corpus[:size]), args.queries + WARM_UP)
                 for tenant, user_id, conversation_id, question in asks[:WARM_UP]:
-                    await client.search(
-                        pb.SearchRequest(
+                    await memories.search(
+                        SearchQuery(
                             tenant=tenant,
-                            query=question,
+                            text=question,
                             user_id=user_id,
                             conversation_id=conversation_id,
                         )
@@ -169,15 +170,15 @@ async def bench_engine(
                 # the embedded store may be building an index in a child process meanwhile
                 indexing = bool(child_processes(process.pid))
                 scoped = await measure_search(
-                    client, asks[WARM_UP:], scoped=True, label=f"[{engine}] search conversation"
+                    memories, asks[WARM_UP:], scoped=True, label=f"[{engine}] search conversation"
                 )
                 every = await measure_search(
-                    client, asks[WARM_UP:], scoped=False, label=f"[{engine}] search all scopes"
+                    memories, asks[WARM_UP:], scoped=False, label=f"[{engine}] search all scopes"
                 )
                 indexing = indexing or bool(child_processes(process.pid))
                 count = 0
                 for tenant in sorted({m.tenant for m in corpus[:size]}):
-                    count += (await client.count(pb.CountRequest(tenant=tenant))).count
+                    count += (await memories.count(tenant, MemoryFilter())).total
                 rows[str(size)] = {
                     "memories": int(count),
                     "added": len(added),

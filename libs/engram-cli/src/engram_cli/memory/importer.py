@@ -39,7 +39,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-import grpc
 from faststream.nats import NatsBroker
 from pydantic import ValidationError
 
@@ -55,13 +54,13 @@ from engram_cli.cli_common import (
     connect_announcer,
 )
 from engram_cli.console import ProgressCallback
+from engram_cli.records import new_memory
 from engram_client import AsyncEngramClient, EngramError, EventTimeout, GatewayUnreachable
 from engram_core import lifecycle
 from engram_core.bus import publish_event
 from engram_core.events import MemoryChanged, MemoryChangeOp
-from engram_core.memory_port import classify
-from engram_core.memory_record import record_from_pb
-from engram_core.proto import pb, to_timestamp
+from engram_core.memory import UpsertStatus
+from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.timestamps import storable_utc
 
@@ -475,6 +474,7 @@ class GrpcSender(Sender):
         self.replicas = settings.stream_replicas
         self.retry = settings.retry_policy
         self.client = RetrievalClient(settings.retrieval_address, timeout_s=30.0)
+        self.memories = MemoryPort(self.client)
         self.broker: NatsBroker | None = None
 
     async def check(self) -> None:
@@ -488,40 +488,32 @@ class GrpcSender(Sender):
         )
 
     async def send(self, unit: Unit) -> dict[str, int]:
-        memories = []
-        for m in unit.messages:
-            memory = pb.Memory(
-                kind=pb.MEMORY_KIND_TURN,
+        records = [
+            new_memory(
+                self.tenant,
+                kind="turn",
                 role=m.role,
                 text=m.text,
                 user_id=unit.conversation.user_id,
                 conversation_id=unit.conversation.conversation_id,
                 source_id=m.source_id,
                 turn_index=m.index,
+                created_at=m.created_at,
                 metadata={**m.metadata, "created_by": "import"},
             )
-            if m.created_at is not None:
-                memory.created_at.CopyFrom(to_timestamp(m.created_at))
-            memories.append(memory)
+            for m in unit.messages
+        ]
         try:
-            reply = await self.client.upsert(
-                pb.UpsertRequest(tenant=self.tenant, memories=memories)
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise CommandError(f"{unit.where}: {classify('Upsert', exc)}") from None
+            stored = await self.memories.upsert(self.tenant, records)
+        except RetrievalError as exc:
+            raise CommandError(f"{unit.where}: {exc}") from None
         counts: dict[str, int] = {}
-        for memory, result in zip(memories, reply.results, strict=True):
-            name = pb.UpsertStatus.Name(result.status).removeprefix("UPSERT_STATUS_").lower()
-            counts[name] = counts.get(name, 0) + 1
-            memory.id = result.id
-            memory.created_at.CopyFrom(result.created_at)
-            memory.updated_at.CopyFrom(result.updated_at)
+        for written in stored:
+            counts[written.status.value] = counts.get(written.status.value, 0) + 1
             # Unchanged ones too: an import made before imports were mirrored is
             # mirrored when run again (the same state is the same event id).
-            op: MemoryChangeOp = "updated" if name == "updated" else "created"
-            await self._announce(
-                lifecycle.change(self.tenant, record_from_pb(memory), op, cause="import")
-            )
+            op: MemoryChangeOp = "updated" if written.status is UpsertStatus.UPDATED else "created"
+            await self._announce(lifecycle.change(self.tenant, written.record, op, cause="import"))
         return counts
 
     async def _announce(self, event: MemoryChanged) -> None:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from engram_cli.bench.common import RetrievalProcess, percentiles
 from engram_cli.bench.locomo.dataset import (
@@ -46,16 +46,26 @@ from engram_cli.bench.locomo.delivered import (
 )
 from engram_cli.bench.locomo.metrics import mean_scores, score_question, turns_of_hit
 from engram_cli.console import ProgressBar, print_table, render_table
-from engram_core.proto import KIND_NAMES, pb, to_timestamp
-from engram_core.retrieval_client import RetrievalClient
+from engram_cli.records import new_memory
+from engram_core.memory import MemoryFilter, MemoryRecord, SearchQuery, SearchResult
+from engram_core.memory_port import MemoryPort
 
 TUNED_ON = "locomo_dev.json"  # the only file any default may be tuned on
 DEFAULT_KS = (5, 10, 25, 50)
 UPSERT_BATCH = 256
 WARM_UP_QUERIES = 5
+
+
 # Ablations rank by relevance alone, so they compare candidate sources and scorers;
 # ``default`` keeps the service's recency weight and MMR.
-NEUTRAL_RANKING = {"recency_weight": 0.0, "mmr_lambda": 1.0}
+class RankingKnobs(TypedDict, total=False):
+    """The ranking knobs a configuration sets on every :class:`SearchQuery`."""
+
+    recency_weight: float
+    mmr_lambda: float
+
+
+NEUTRAL_RANKING = RankingKnobs(recency_weight=0.0, mmr_lambda=1.0)
 NO_RERANKER = {"ENGRAM_RERANKER_PATH": ""}
 NO_LATE = {"ENGRAM_SEARCH_LATE_WEIGHT": "0"}
 
@@ -65,7 +75,7 @@ class Config:
     name: str
     description: str
     env: dict[str, str] = field(default_factory=dict)  # for the retrieval process
-    request: dict[str, float] = field(default_factory=dict)  # SearchRequest knobs
+    request: RankingKnobs = field(default_factory=lambda: RankingKnobs())
     needs_reranker: bool = False
 
 
@@ -127,18 +137,23 @@ def tenant_of(sample: Sample) -> str:
     return f"locomo-{sample.sample_id}"
 
 
-def turn_memories(sample: Sample) -> list[pb.Memory]:
+def turn_memories(
+    sample: Sample, tenant: str | None = None, user_id: str = ""
+) -> list[MemoryRecord]:
+    """The sample's turns as memories of ``tenant`` (default: the sample's own)."""
     speaker_a = sample.speakers[0]
     return [
-        pb.Memory(
-            kind=pb.MEMORY_KIND_TURN,
+        new_memory(
+            tenant or tenant_of(sample),
+            kind="turn",
             # both speakers are people; the first one plays the user
             role="user" if turn.speaker == speaker_a else "assistant",
             text=turn.memory_text,
+            user_id=user_id,
             conversation_id=sample.sample_id,
             source_id=turn.dia_id,
             turn_index=i,
-            created_at=to_timestamp(turn.created_at),
+            created_at=turn.created_at,
             metadata={"speaker": turn.speaker, "session": str(turn.session)},
         )
         for i, turn in enumerate(sample.turns)
@@ -146,67 +161,57 @@ def turn_memories(sample: Sample) -> list[pb.Memory]:
 
 
 async def ingest(
-    client: RetrievalClient, samples: Sequence[Sample], batch: int, ingested: Ingested
+    memories: MemoryPort, samples: Sequence[Sample], batch: int, ingested: Ingested
 ) -> None:
     total = sum(len(s.turns) for s in samples)
     done = 0
     started = time.perf_counter()
     with ProgressBar("ingesting turns", total) as bar:
         for sample in samples:
-            memories = turn_memories(sample)
-            for offset in range(0, len(memories), batch):
-                chunk = memories[offset : offset + batch]
-                request = pb.UpsertRequest(tenant=tenant_of(sample), memories=chunk)
-                reply = await client.upsert(request)
-                for result, memory in zip(reply.results, chunk, strict=True):
-                    ingested.turn_of_point[result.id] = memory.source_id
+            turns = turn_memories(sample)
+            for offset in range(0, len(turns), batch):
+                chunk = turns[offset : offset + batch]
+                for stored in await memories.upsert(tenant_of(sample), chunk):
+                    ingested.turn_of_point[stored.record.id] = stored.record.source_id
                 done += len(chunk)
                 bar.update(done)
     ingested.turns = total
     ingested.seconds = time.perf_counter() - started
 
 
-async def check_stored(client: RetrievalClient, samples: Sequence[Sample]) -> None:
+async def check_stored(memories: MemoryPort, samples: Sequence[Sample]) -> None:
     for sample in samples:
-        reply = await client.count(
-            pb.CountRequest(
-                tenant=tenant_of(sample),
-                filter=pb.MemoryFilter(
-                    conversation_id=sample.sample_id, kinds=[pb.MEMORY_KIND_TURN]
-                ),
-            )
-        )
-        if reply.count != len(sample.turns):
+        flt = MemoryFilter(conversation_id=sample.sample_id, kinds=("turn",))
+        stored = (await memories.count(tenant_of(sample), flt)).total
+        if stored != len(sample.turns):
             raise RuntimeError(
-                f"{sample.sample_id}: {reply.count} turns stored, expected {len(sample.turns)}"
+                f"{sample.sample_id}: {stored} turns stored, expected {len(sample.turns)}"
             )
 
 
-def search_request(sample: Sample, question: str, top_k: int, config: Config) -> pb.SearchRequest:
-    request = pb.SearchRequest(
+def search_query(sample: Sample, question: str, top_k: int, config: Config) -> SearchQuery:
+    return SearchQuery(
         tenant=tenant_of(sample),
-        query=question,
+        text=question,
         conversation_id=sample.sample_id,
         top_k=top_k,
         score_threshold=0.0,
-        scopes=[pb.SCOPE_CONVERSATION],
-        kinds=[pb.MEMORY_KIND_TURN, pb.MEMORY_KIND_FACT, pb.MEMORY_KIND_EPISODE],
-        now=to_timestamp(sample.last_session_at),
+        scopes=("conversation",),
+        kinds=("turn", "fact", "episode"),
+        now=sample.last_session_at,
+        **config.request,
     )
-    for knob, value in config.request.items():  # the config's SearchRequest knobs
-        setattr(request, knob, value)
-    return request
 
 
-def ranking_of(reply: pb.SearchResponse, turn_of_point: dict[str, str]) -> list[frozenset[str]]:
+def ranking_of(result: SearchResult, turn_of_point: dict[str, str]) -> list[frozenset[str]]:
     return [
         turns_of_hit(
-            KIND_NAMES.get(hit.memory.kind, ""),
+            hit.memory.kind,
             hit.memory.source_id,
             list(hit.memory.source_turn_ids),
             turn_of_point,
         )
-        for hit in reply.hits
+        for hit in result.hits
     ]
 
 
@@ -227,7 +232,7 @@ def scored_questions(
 
 
 async def query_all(
-    client: RetrievalClient,
+    memories: MemoryPort,
     config: Config,
     questions: Sequence[tuple[Sample, Question]],
     ks: Sequence[int],
@@ -235,17 +240,17 @@ async def query_all(
 ) -> tuple[list[tuple[int, dict[str, float]]], list[float]]:
     top_k = max(ks)
     for sample, q in questions[:WARM_UP_QUERIES]:
-        await client.search(search_request(sample, q.question, top_k, config))
+        await memories.search(search_query(sample, q.question, top_k, config))
     rows: list[tuple[int, dict[str, float]]] = []
     latencies: list[float] = []
     label = f"searching ({config.name})"
     with ProgressBar(label, len(questions)) as bar:
         for sample, q in questions:
-            request = search_request(sample, q.question, top_k, config)
+            query = search_query(sample, q.question, top_k, config)
             started = time.perf_counter()
-            reply = await client.search(request)
+            result = await memories.search(query)
             latencies.append((time.perf_counter() - started) * 1000.0)
-            ranking = ranking_of(reply, turn_of_point)
+            ranking = ranking_of(result, turn_of_point)
             rows.append((q.category, score_question(ranking, q.evidence, ks)))
             bar.advance()
     return rows, latencies
@@ -320,19 +325,19 @@ async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
     with tempfile.TemporaryDirectory(prefix="engram-locomo-") as tmp:
         for config in plan.configs:
             sys.stderr.write(f"[{config.name}] starting engram-retrieval\n")
-            async with RetrievalProcess(Path(tmp), extra_env=config.env) as client:
+            async with RetrievalProcess(Path(tmp), extra_env=config.env) as memories:
                 if not ingested.turns:
-                    await ingest(client, plan.samples, plan.batch, ingested)
-                await check_stored(client, plan.samples)
+                    await ingest(memories, plan.samples, plan.batch, ingested)
+                await check_stored(memories, plan.samples)
                 rows, latencies = await query_all(
-                    client, config, questions, plan.ks, ingested.turn_of_point
+                    memories, config, questions, plan.ks, ingested.turn_of_point
                 )
                 result = summarize(
                     config, rows, latencies, plan.categories, evidence, plan.data_name
                 )
                 if plan.delivered:
                     result["delivered"] = await delivered_pass(
-                        client,
+                        memories,
                         config.name,
                         questions,
                         plan.categories,

@@ -29,7 +29,6 @@ from tokenizers import Tokenizer
 from engram_cli.bench.locomo.dataset import CATEGORIES, Question, Sample
 from engram_cli.console import ProgressBar
 from engram_core.memory_port import MemoryPort
-from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.controls import MemoryControls
 from engram_gateway.recall import recall, search_query
 from engram_gateway.settings import GatewaySettings
@@ -130,7 +129,7 @@ def by_category(rows: Sequence[Delivered], categories: Sequence[int]) -> dict[st
 
 
 async def delivered_pass(
-    client: RetrievalClient,
+    memories: MemoryPort,
     label: str,
     questions: Sequence[tuple[Sample, Question]],
     categories: Sequence[int],
@@ -140,7 +139,6 @@ async def delivered_pass(
 ) -> dict[str, Any]:
     """``configs.<name>.delivered``: the product's budget's scores at the top level, by
     category, and the curve over ``budgets``."""
-    memories = MemoryPort(client)
     tokenizer = minilm_tokenizer()
     default = product_budget()
     wanted = list(dict.fromkeys([default, *budgets]))

@@ -49,7 +49,7 @@ from engram_cli.bench.locomo.dataset import (
 from engram_cli.bench.writepath import running_stack
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.stack.scripted_llm import ScriptedUpstream
-from engram_core.proto import pb
+from engram_core.memory_port import MemoryPort
 from engram_core.retrieval_client import RetrievalClient
 
 TENANT = "default"  # the gateway's tenant when it runs without API keys
@@ -123,14 +123,12 @@ def transcript(sample: Sample) -> str:
 
 async def store_conversations(address: str, samples: Sequence[Sample]) -> None:
     client = RetrievalClient(address, timeout_s=60)
+    memories = MemoryPort(client)
     try:
         for sample in samples:
-            memories = turn_memories(sample)
-            for memory in memories:
-                memory.user_id = user_of(sample)
-            for offset in range(0, len(memories), 256):
-                chunk = memories[offset : offset + 256]
-                await client.upsert(pb.UpsertRequest(tenant=TENANT, memories=chunk))
+            turns = turn_memories(sample, TENANT, user_of(sample))
+            for offset in range(0, len(turns), 256):
+                await memories.upsert(TENANT, turns[offset : offset + 256])
     finally:
         await client.close()
 

@@ -39,10 +39,10 @@ async def run(
     rows: list[dict[str, Any]] = []
     for name in configs:
         with tempfile.TemporaryDirectory(prefix="engram-paraphrase-") as tmp:
-            async with RetrievalProcess(Path(tmp), extra_env=CONFIGS[name]) as client:
-                key_of = await store(client, data)
+            async with RetrievalProcess(Path(tmp), extra_env=CONFIGS[name]) as memories:
+                key_of = await store(memories, data)
                 for threshold in (None, *thresholds):
-                    answers = await answer_all(client, data, key_of, threshold)
+                    answers = await answer_all(memories, data, key_of, threshold)
                     label = "default" if threshold is None else f"{threshold:g}"
                     for part, picked in (
                         ("all", answers),

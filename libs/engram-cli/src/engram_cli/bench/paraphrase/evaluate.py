@@ -34,9 +34,8 @@ from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 
+from engram_cli.records import new_memory
 from engram_core.memory_port import MemoryPort
-from engram_core.proto import KIND_BY_NAME, pb, to_timestamp
-from engram_core.retrieval_client import RetrievalClient
 from engram_gateway.controls import MemoryControls
 from engram_gateway.recall import recall, search_query
 from engram_gateway.settings import GatewaySettings
@@ -71,23 +70,24 @@ def load_set() -> ParaphraseSet:
     )
 
 
-async def store(client: RetrievalClient, data: ParaphraseSet) -> dict[str, str]:
+async def store(memories: MemoryPort, data: ParaphraseSet) -> dict[str, str]:
     """Upsert the memories; returns memory id → key."""
-    memories = [
-        pb.Memory(
-            kind=KIND_BY_NAME[m["kind"]],
+    records = [
+        new_memory(
+            TENANT,
+            kind=m["kind"],
             role=m.get("role", ""),
             text=m["text"],
             user_id=USER,
             conversation_id=m["conversation"],
             source_id=f"paraphrase-{m['key']}",
             turn_index=i,
-            created_at=to_timestamp(NOW - timedelta(days=m["days_ago"])),
+            created_at=NOW - timedelta(days=m["days_ago"]),
         )
         for i, m in enumerate(data.memories)
     ]
-    reply = await client.upsert(pb.UpsertRequest(tenant=TENANT, memories=memories))
-    return {r.id: m["key"] for r, m in zip(reply.results, data.memories, strict=True)}
+    stored = await memories.upsert(TENANT, records)
+    return {s.record.id: m["key"] for s, m in zip(stored, data.memories, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,11 @@ async def ask(
 
 
 async def answer_all(
-    client: RetrievalClient,
+    memories: MemoryPort,
     data: ParaphraseSet,
     key_of: dict[str, str],
     threshold: float | None = None,
 ) -> list[Answer]:
-    memories = MemoryPort(client)
     answers = []
     asked = [(q["q"], frozenset(q["expect"]), False) for q in data.questions]
     asked += [(q, frozenset(), False) for q in data.nothing]
