@@ -13,8 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [*ROOT.glob("libs/*/src"), *ROOT.glob("services/*/src")]
 GENERATED = "engram_core.grpc_gen"
-#: The modules that hand out the generated code (re-exports included).
-EDGE = ("engram_core.codec", "engram_core.proto")
+#: The module that hands out the generated code (``pb``, ``pb_grpc``).
+EDGE = ("engram_core.codec",)
 
 #: The one module that imports the generated code.
 CODEC = "engram_core.codec"
@@ -24,7 +24,6 @@ SPEAKS_GRPC = {
     "engram_core.memory_port": "the client side: domain calls as gRPC requests",
     "engram_retrieval.server": "registers the servicer",
     "engram_retrieval.service": "the servicer: decodes requests, encodes answers",
-    "engram_core.proto": "the short names the Helm chart's test script imports",
 }
 
 

@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from engram_core.bus import make_broker
+from engram_core.codec import pb, pb_grpc
 from engram_core.events import DeadLetter
-from engram_core.proto import pb, pb_grpc
 from engram_core.retrieval_client import SERVICE_NAME
 from engram_testing.waiting import eventually as shared_eventually
 from engram_testing.worker_stack import (

@@ -13,8 +13,8 @@ import pytest
 
 from engram_cli.stack.nats_server import free_port
 from engram_core.bus import publish_event
+from engram_core.codec import from_timestamp, pb
 from engram_core.events import STREAM_NAME, TurnPersisted
-from engram_core.proto import from_timestamp, pb
 from engram_testing.worker_stack import HORIZON_AFTER_TWO_DELIVERIES
 from engram_workers.ingest import INGEST, turn_memory_id
 from engram_workers.runtime import Worker
