@@ -214,7 +214,10 @@ async def test_a_second_replica_shares_the_durable_consumer(ingest, publisher, e
     for n in range(6):
         await publish_event(publisher, turn(turn_id=f"t-{n}"))
     service = ingest.retrieval.service
-    await eventually(lambda: len(service.upserts) == 6, what="six Upserts")
+    # in batches of any size: two replicas may each fetch several
+    await eventually(
+        lambda: sum(len(c.memories) for c in service.upserts) == 6, what="six turns upserted"
+    )
     await eventually(ingest.settled, what="the acks")
     assert len(service.stored) == 6
 

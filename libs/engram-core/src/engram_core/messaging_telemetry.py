@@ -18,15 +18,16 @@ Engram's ``event_id``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from faststream import BaseMiddleware
 from faststream.message import StreamMessage
 from faststream.nats.response import NatsPublishCommand
+from nats.aio.msg import Msg
 from nats.errors import NotJSMessageError
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind
 
 from engram_core import semconv
 
@@ -66,26 +67,33 @@ class NatsTracingMiddleware(BaseMiddleware[NatsPublishCommand, Any]):
         self, call_next: Callable[[Any], Awaitable[Any]], msg: StreamMessage[Any]
     ) -> Any:
         raw = msg.raw_message
-        subject = getattr(raw, "subject", "") or ""
-        headers = msg.headers or {}
-        attributes = _base_attributes(subject, headers.get(MSG_ID_HEADER))
-        attributes[semconv.MESSAGING_OPERATION_TYPE] = semconv.MESSAGING_OPERATION_PROCESS
-        attributes[semconv.MESSAGING_OPERATION_NAME] = "process"
-        attributes[semconv.MESSAGING_MESSAGE_BODY_SIZE] = len(msg.body or b"")
-        try:
-            metadata = raw.metadata
-        except NotJSMessageError:  # a core NATS message: no consumer, no delivery count
-            metadata = None
-        if metadata is not None:
-            attributes[semconv.MESSAGING_CONSUMER_GROUP_NAME] = metadata.consumer or ""
-            attributes[semconv.MESSAGING_DELIVERY_COUNT] = metadata.num_delivered or 1
-        parent = propagate.extract(headers)
-        with _tracer.start_as_current_span(
-            f"process {subject}",
-            context=parent,
-            kind=SpanKind.CONSUMER,
-            attributes=attributes,
-            record_exception=True,
-            set_status_on_exception=True,
+        span = start_process_span(
+            getattr(raw, "subject", "") or "", msg.headers or {}, len(msg.body or b""), raw
+        )
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=True, set_status_on_exception=True
         ):
             return await call_next(msg)
+
+
+def start_process_span(subject: str, headers: Mapping[str, str], body_size: int, raw: Msg) -> Span:
+    """The ``process <subject>`` CONSUMER span of one received message, a child of its
+    publisher's span (from the headers), started but not made current: a worker
+    handling a batch keeps one per message and ends each when its message is settled."""
+    attributes = _base_attributes(subject, headers.get(MSG_ID_HEADER))
+    attributes[semconv.MESSAGING_OPERATION_TYPE] = semconv.MESSAGING_OPERATION_PROCESS
+    attributes[semconv.MESSAGING_OPERATION_NAME] = "process"
+    attributes[semconv.MESSAGING_MESSAGE_BODY_SIZE] = body_size
+    try:
+        metadata = raw.metadata
+    except NotJSMessageError:  # a core NATS message: no consumer, no delivery count
+        metadata = None
+    if metadata is not None:
+        attributes[semconv.MESSAGING_CONSUMER_GROUP_NAME] = metadata.consumer or ""
+        attributes[semconv.MESSAGING_DELIVERY_COUNT] = metadata.num_delivered or 1
+    return _tracer.start_span(
+        f"process {subject}",
+        context=propagate.extract(dict(headers)),
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+    )

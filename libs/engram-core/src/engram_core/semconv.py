@@ -22,6 +22,7 @@ MESSAGING_OPERATION_PROCESS: Final = "process"
 MESSAGING_MESSAGE_ID: Final = "messaging.message.id"
 MESSAGING_MESSAGE_BODY_SIZE: Final = "messaging.message.body.size"
 MESSAGING_CONSUMER_GROUP_NAME: Final = "messaging.consumer.group.name"
+MESSAGING_BATCH_MESSAGE_COUNT: Final = "messaging.batch.message_count"
 MESSAGING_DELIVERY_COUNT: Final = "messaging.nats.message.delivery_count"
 
 # -- gen_ai (LLM calls) -----------------------------------------------------------------

@@ -22,6 +22,9 @@ The whole check holds a lock on the user's conversation, so two replicas never e
 same conversation at once (no double eviction, no count that is stale by the time the
 deletes land). The lock is taken only when a first count, without it, finds the
 conversation over its limit.
+
+A fetched batch is checked once per conversation (:func:`evict_batch`), at its last
+change in the batch: the changes before it are counted by that one check.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from engram_core.memory_port import MemoryPort
 from engram_core.worker_catalog import worker_entry
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
+    BatchItem,
     Delivery,
+    Outcome,
     RetryableError,
     Worker,
     WorkerSettings,
@@ -73,6 +78,7 @@ class EvictSettings(WorkerSettings, LockSettingsMixin):
 
 
 EvictDelivery = Delivery[EvictSettings, KeyLocks]
+EvictItem = BatchItem[MemoryChanged, EvictSettings, KeyLocks]
 
 
 @asynccontextmanager
@@ -156,9 +162,29 @@ def _counted_scope(event: MemoryChanged) -> MemoryFilter:
     )
 
 
+def _triggers_check(event: MemoryChanged) -> bool:
+    """Only a new memory of a counted kind can take a conversation over its limit."""
+    return event.op == "created" and _eviction(event.memory.kind) is not None
+
+
+async def evict_batch(items: Sequence[EvictItem]) -> list[Outcome]:
+    """The batch hook: one check per conversation, at its last change in the batch. A
+    change is published after its memory is stored, so that check counts every memory
+    the batch announced; its outcome is the outcome of each change of the conversation
+    (a failed check retries them all, and checking again is harmless)."""
+    last: dict[tuple[str, str, str], EvictItem] = {}
+    for item in items:
+        if _triggers_check(item.event):
+            last[item.conversation] = item
+    checks = list(last.values())
+    worker = items[0].delivery.worker
+    results = await worker.each(checks, lambda item: evict(item.event, item.delivery))
+    outcomes = {item.conversation: result for item, result in zip(checks, results, strict=True)}
+    return [outcomes[item.conversation] if _triggers_check(item.event) else None for item in items]
+
+
 async def evict(event: MemoryChanged, delivery: EvictDelivery) -> None:
-    # Only a new memory of a counted kind can take a conversation over its limit.
-    if event.op != "created" or _eviction(event.memory.kind) is None:
+    if not _triggers_check(event):
         return
     settings = delivery.settings
     # Counted first without the lock: most changes leave the conversation under its
@@ -200,7 +226,13 @@ async def _enforce_limit(delivery: EvictDelivery, event: MemoryChanged, max_entr
     )
 
 
-EVICT = WorkerSpec(name="evict", event=MemoryChanged, handle=evict, resources=open_resources)
+EVICT = WorkerSpec(
+    name="evict",
+    event=MemoryChanged,
+    handle=evict,
+    handle_batch=evict_batch,
+    resources=open_resources,
+)
 
 
 def main() -> None:

@@ -21,24 +21,30 @@ What was learned is never silent: a followed event (``POST /v1/memories/add``) e
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
+from opentelemetry import trace
 from pydantic import Field
 
+from engram_core import semconv
 from engram_core.event_status import EventStatusStore
 from engram_core.event_status import record_status as record_event_status
-from engram_core.events import TurnPersisted
+from engram_core.events import MemoryChanged, TurnPersisted
 from engram_core.ids import turn_memory_id
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord
 from engram_core.memory_writes import Change, apply
+from engram_core.retry import is_transient
 from engram_core.worker_catalog import worker_entry
 from engram_workers import extraction
 from engram_workers.llm import AskLlm, FellBack, LlmClient, LlmSettingsMixin
 from engram_workers.runtime import (
+    BatchItem,
     Delivery,
+    Outcome,
     Worker,
     WorkerSettings,
     WorkerSpec,
@@ -46,6 +52,7 @@ from engram_workers.runtime import (
 )
 
 log = get_logger(__name__)
+_tracer = trace.get_tracer("engram.ingest")
 
 #: Appended to the reason a followed turn was skipped for: nothing is lost.
 REEXTRACT_HINT = "the turn is stored; `engram reextract` learns from it later"
@@ -83,6 +90,7 @@ class IngestResources:
 
 
 IngestDelivery = Delivery[IngestSettings, IngestResources]
+IngestItem = BatchItem[TurnPersisted, IngestSettings, IngestResources]
 
 
 @asynccontextmanager
@@ -130,30 +138,66 @@ def is_repeat(event: TurnPersisted, stored: MemoryRecord | None, delivery: Inges
     return stored is not None and stored.text == event.text and not again
 
 
+#: What a turn's stored state says to do: nothing (a repeat), learn again without a
+#: write (a re-extraction of the turn as stored), or write this record.
+Repeat = Literal["repeat"]
+REPEAT: Repeat = "repeat"
+ToWrite = MemoryRecord | Repeat | None
+
+
+def write_for(
+    event: TurnPersisted,
+    memory: MemoryRecord,
+    stored: MemoryRecord | None,
+    delivery: IngestDelivery,
+) -> ToWrite:
+    """What to write for a turn whose stored state is ``stored``."""
+    if is_repeat(event, stored, delivery):
+        return REPEAT
+    if stored is not None and stored.text == event.text:
+        if event.reextract:
+            return None
+        return stored  # a redelivery: the turn as the first delivery stored it
+    return memory
+
+
 async def index_turn(event: TurnPersisted, delivery: IngestDelivery) -> None:
-    resources = delivery.resources
+    """One turn on its own: what :func:`index_turns` does for a batch."""
     if not event.text.strip():
         # Nothing to search for; a tool-call-only assistant turn, for example.
         log.info("turn.skipped", reason="empty text", turn_id=event.turn_id, role=event.role)
-        await record_status(event, resources, skipped="the text is empty")
+        await record_status(event, delivery.resources, skipped="the text is empty")
         return
     memory = turn_memory(event)
     stored = await delivery.memories.get_one(event.tenant, memory.id)
-    if is_repeat(event, stored, delivery):
-        log.info("turn.repeated", memory_id=memory.id, turn_id=event.turn_id, role=event.role)
+    write = write_for(event, memory, stored, delivery)
+    announcement = None
+    if isinstance(write, MemoryRecord):
+        (announcement,) = await apply(
+            delivery.memories, event.tenant, [Change(write, "created", "ingest")]
+        )
+    await follow_up(event, memory.id, write, announcement, delivery)
+
+
+async def follow_up(
+    event: TurnPersisted,
+    memory_id: str,
+    write: ToWrite,
+    announcement: MemoryChanged | None,
+    delivery: IngestDelivery,
+) -> None:
+    """After the turn's write (or none): announce it, then learn from it."""
+    resources = delivery.resources
+    if write == REPEAT:
+        log.info("turn.repeated", memory_id=memory_id, turn_id=event.turn_id, role=event.role)
         await record_status(event, resources)
         return
-    if stored is not None and stored.text == event.text and event.reextract:
-        log.info("turn.reextract", memory_id=memory.id, turn_id=event.turn_id)
+    if announcement is None:
+        log.info("turn.reextract", memory_id=memory_id, turn_id=event.turn_id)
     else:
-        if stored is not None and stored.text == event.text:
-            memory = stored  # a redelivery: the turn as the first delivery stored it
-        (announcement,) = await apply(
-            delivery.memories, event.tenant, [Change(memory, "created", "ingest")]
-        )
         log.info(
             "turn.indexed",
-            memory_id=memory.id,
+            memory_id=memory_id,
             turn_id=event.turn_id,
             role=event.role,
             op=announcement.op,
@@ -164,7 +208,105 @@ async def index_turn(event: TurnPersisted, delivery: IngestDelivery) -> None:
     elif resources.llm is None:
         await record_status(event, resources, skipped=EXTRACTION_DISABLED)
     else:
-        await extract_and_propose(event, memory.id, delivery, resources)
+        await extract_and_propose(event, memory_id, delivery, resources)
+
+
+@dataclass(frozen=True)
+class Indexed:
+    """A turn of a batch after the shared write."""
+
+    memory_id: str
+    write: ToWrite
+    announcement: MemoryChanged | None
+
+
+async def index_turns(items: Sequence[IngestItem]) -> list[Outcome]:
+    """The batch hook: per tenant, one Get and one Upsert (one embedding run) for the
+    turns of the batch, then per message what follows (announce, extract), in order per
+    conversation.
+
+    When the shared write fails with what says "try again" (retrieval down), every turn
+    of it fails with that, each retried on its own schedule. When it fails otherwise
+    (retrieval refuses one of the turns), the turns are handled one by one
+    (:func:`index_turn`), so the poison one fails alone. An empty turn and a second
+    message for a turn already in the batch are handled one by one too."""
+    indexed: dict[int, Indexed] = {}
+    failed: dict[int, Exception] = {}
+    for tenant, group in _shared_groups(items).items():
+        try:
+            with _batch_span(group):
+                indexed.update(await _index_together(tenant, group))
+        except Exception as exc:
+            log.warning(
+                "turns.batch_write_failed",
+                tenant=tenant,
+                turns=len(group),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            if is_transient(exc) or len(group) == 1:
+                failed.update((id(item), exc) for item in group)
+
+    async def finish(item: IngestItem) -> None:
+        if (exc := failed.get(id(item))) is not None:
+            raise exc
+        done = indexed.get(id(item))
+        if done is None:
+            await index_turn(item.event, item.delivery)
+        else:
+            await follow_up(
+                item.event, done.memory_id, done.write, done.announcement, item.delivery
+            )
+
+    worker = items[0].delivery.worker
+    return [
+        outcome if isinstance(outcome, Exception) else None
+        for outcome in await worker.each(items, finish)
+    ]
+
+
+def _shared_groups(items: Sequence[IngestItem]) -> dict[str, list[IngestItem]]:
+    """The items that take part in the shared write, by tenant."""
+    groups: dict[str, list[IngestItem]] = {}
+    seen: set[tuple[str, str]] = set()
+    for item in items:
+        event = item.event
+        key = (event.tenant, turn_memory(event).id)
+        if not event.text.strip() or key in seen:
+            continue
+        seen.add(key)
+        groups.setdefault(event.tenant, []).append(item)
+    return groups
+
+
+@contextmanager
+def _batch_span(group: Sequence[IngestItem]) -> Iterator[None]:
+    """The shared RPCs in the trace of the batch's first turn, linked to the others'."""
+    first, *others = group
+    with _tracer.start_as_current_span(
+        "ingest batch",
+        context=trace.set_span_in_context(first.span),
+        links=[trace.Link(item.span.get_span_context()) for item in others],
+        attributes={semconv.MESSAGING_BATCH_MESSAGE_COUNT: len(group)},
+    ):
+        yield
+
+
+async def _index_together(tenant: str, group: Sequence[IngestItem]) -> dict[int, Indexed]:
+    memories = group[0].delivery.memories
+    records = [turn_memory(item.event) for item in group]
+    found = await memories.get(tenant, [record.id for record in records])
+    writes: list[ToWrite] = [
+        write_for(item.event, record, found.get(record.id), item.delivery)
+        for item, record in zip(group, records, strict=True)
+    ]
+    changes = [Change(w, "created", "ingest") for w in writes if isinstance(w, MemoryRecord)]
+    announcements = iter(await apply(memories, tenant, changes) if changes else [])
+    return {
+        id(item): Indexed(
+            record.id, write, next(announcements) if isinstance(write, MemoryRecord) else None
+        )
+        for item, record, write in zip(group, records, writes, strict=True)
+    }
 
 
 async def record_status(
@@ -235,7 +377,11 @@ async def extract_and_propose(
 
 
 INGEST = WorkerSpec(
-    name="ingest", event=TurnPersisted, handle=index_turn, resources=ingest_resources
+    name="ingest",
+    event=TurnPersisted,
+    handle=index_turn,
+    handle_batch=index_turns,
+    resources=ingest_resources,
 )
 
 

@@ -5,8 +5,15 @@ async handler) and configured by a subclass of :class:`WorkerSettings`. The runt
 owns everything else:
 
 - the JetStream stream check and a durable **pull** consumer named after the worker
-  (every replica binds the same consumer, so running more copies shares the load);
-- explicit acknowledgement: ack on success; a failed delivery is nacked with a delay
+  (every replica binds the same consumer, so running more copies shares the load),
+  fetched in batches: up to ``batch_size`` messages, waiting at most
+  ``batch_max_wait_ms`` for a batch to fill once a first message is there. A worker
+  with a ``handle_batch`` hook does the work of a batch together (ingest: one Get and
+  one Upsert for its turns); the others get one ``handle`` call per message. Either
+  way the messages of one conversation are handled one after another in stream order,
+  conversations side by side (``worker_concurrency`` at once), and each message is
+  settled on its own: a poison message never fails its batch-mates;
+- explicit acknowledgement per message: ack on success; a failed delivery is nacked with a delay
   from ``retry_backoff_s`` chosen by the delivery count. What says "try again" (a
   dependency down: :func:`engram_core.retry.is_transient`) is retried by *time*, until
   the message is ``retry_horizon_s`` old; anything else unexpected by *count*, until
@@ -29,22 +36,22 @@ import asyncio
 import signal
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, suppress
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import structlog
 from faststream import FastStream
-from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, PubAck, PullSub
-from faststream.nats.annotations import NatsMessage
+from faststream.nats import PubAck
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as ConsumerAckPolicy
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry import trace
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 from pydantic import Field, ValidationError
 
 from engram_core import event_loop, metrics, semconv
@@ -60,6 +67,7 @@ from engram_core.dead_letters import REPLAY_HEADER
 from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
 from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort, RetrievalError
+from engram_core.messaging_telemetry import start_process_span
 from engram_core.observability import setup_observability
 from engram_core.retrieval_client import RetrievalClient
 from engram_core.retry import RetryPolicy, TransientError, backoff_delay, is_transient
@@ -67,14 +75,17 @@ from engram_core.settings import EngramSettings, load_settings
 from engram_workers.health import HealthServer
 
 __all__ = [
+    "BatchItem",
     "Delivery",
     "DependencyUnavailable",
+    "Outcome",
     "PermanentError",
     "RetryableError",
     "Worker",
     "WorkerSettings",
     "WorkerSpec",
     "describe_validation_error",
+    "outcome_of",
     "retry_delay",
     "run_worker",
 ]
@@ -85,10 +96,19 @@ E = TypeVar("E", bound=Event)
 #: A worker's settings class and what its ``resources`` factory yields.
 S = TypeVar("S", bound="WorkerSettings")
 R = TypeVar("R")
+T = TypeVar("T")
+
+#: What became of one message of a batch: ``None`` (done: acknowledged) or what its
+#: handling raised (settled as if ``handle`` had raised it).
+Outcome = Exception | None
 
 #: The server never gives up on a message (MaxDeliver unlimited): the runtime decides
 #: when retrying ends, by time or by count, and dead-letters instead of dropping.
 SERVER_MAX_DELIVER = -1
+
+#: The shortest wait for the rest of a batch (``batch_max_wait_ms`` 0): long enough for
+#: the server to answer with what it holds.
+MIN_BATCH_WAIT_S = 0.002
 
 #: Workers alive in this process (tests run several), for the pending gauge's callback.
 _live_workers: weakref.WeakSet[Worker[Any, Any, Any]] = weakref.WeakSet()
@@ -102,9 +122,9 @@ def _observe_pending(_: CallbackOptions) -> list[Observation]:
     ]
 
 
-def _age_s(message: NatsMessage) -> float:
+def _age_s(message: Msg) -> float:
     """Seconds since the message was stored in the stream."""
-    stored = message.raw_message.metadata.timestamp
+    stored = message.metadata.timestamp
     if stored is None:
         return 0.0
     return max(0.0, time.time() - stored.timestamp())
@@ -156,6 +176,20 @@ class WorkerSettings(EngramSettings):
     )
     fetch_timeout_s: float = Field(
         default=5.0, gt=0, description="How long one pull request waits for messages."
+    )
+    batch_size: int = Field(
+        default=32,
+        ge=1,
+        le=1024,
+        description="Messages fetched at once; a worker with a batch hook (ingest) does "
+        "their work together (one embedding run and one Upsert for a batch of turns).",
+    )
+    batch_max_wait_ms: float = Field(
+        default=50.0,
+        ge=0,
+        le=10_000,
+        description="Once a first message is there, wait at most this long for the rest "
+        "of a batch; 0: take what is there at once.",
     )
     health_host: str = Field(
         default="127.0.0.1",
@@ -257,6 +291,22 @@ class Delivery(Generic[S, R]):
 
 
 @dataclass(frozen=True)
+class BatchItem(Generic[E, S, R]):
+    """One valid message of a fetched batch, as a batch hook sees it."""
+
+    event: E
+    delivery: Delivery[S, R]
+    message: Msg
+    #: Its ``process <subject>`` span (a child of the publisher's), ended when settled.
+    span: Span
+
+    @property
+    def conversation(self) -> tuple[str, str, str]:
+        """What the runtime keeps in order: (tenant, user_id, conversation_id)."""
+        return (self.event.tenant, self.event.user_id, self.event.conversation_id)
+
+
+@dataclass(frozen=True)
 class WorkerSpec(Generic[E, S, R]):
     """What makes a worker itself; the runtime provides the rest.
 
@@ -276,6 +326,12 @@ class WorkerSpec(Generic[E, S, R]):
     #: Readiness checks of the open resources (a stuck mirror watcher, say), added to
     #: ``/readyz`` beside NATS and retrieval.
     readiness: Callable[[R], Mapping[str, bool]] | None = None
+    #: The work of a fetched batch done together (one RPC for many messages): one
+    #: :data:`Outcome` per item, in order, each settled as ``handle``'s would be, so a
+    #: poison message fails alone. None: ``handle`` per message (:meth:`Worker.each`).
+    handle_batch: Callable[[Sequence[BatchItem[E, S, R]]], Awaitable[Sequence[Outcome]]] | None = (
+        None
+    )
 
     @property
     def service_name(self) -> str:
@@ -309,9 +365,12 @@ class Worker(Generic[E, S, R]):
         #: Dead letters stored on this worker's dead-letter subject at the last refresh.
         self.dead_letters: int | None = None
         self._pending_task: asyncio.Task[None] | None = None
-        #: Messages being handled, with when their handler started (for the heartbeat).
-        self._in_flight: dict[int, tuple[NatsMessage, float]] = {}
+        #: Messages fetched and not settled yet, with when they came (for the heartbeat).
+        self._in_flight: dict[int, tuple[Msg, float]] = {}
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._consume_task: asyncio.Task[None] | None = None
+        self._subscription: JetStreamContext.PullSubscription | None = None
         self.health = (
             HealthServer(
                 settings.health_host, settings.health_port, self.readiness, self.metrics_text
@@ -319,7 +378,6 @@ class Worker(Generic[E, S, R]):
             if settings.health_port
             else None
         )
-        self._subscribe()
         self.app = FastStream(
             self.broker,
             logger=None,
@@ -472,6 +530,11 @@ class Worker(Generic[E, S, R]):
         )
 
     async def _after_startup(self) -> None:
+        js = self.broker.connection.jetstream()
+        subscription = await js.pull_subscribe_bind(durable=self.spec.name, stream=STREAM_NAME)
+        self._stopping.clear()
+        self._subscription = subscription
+        self._consume_task = asyncio.create_task(self._consume_until_stopped(subscription))
         self._consuming = True
         _live_workers.add(self)
         self._pending_task = asyncio.create_task(self._refresh_pending_forever())
@@ -480,6 +543,8 @@ class Worker(Generic[E, S, R]):
             "worker.started",
             worker=self.spec.name,
             concurrency=self.settings.worker_concurrency,
+            batch_size=self.settings.batch_size,
+            batch_max_wait_ms=self.settings.batch_max_wait_ms,
             event_loop=event_loop.running_loop_name(),
         )
 
@@ -491,9 +556,30 @@ class Worker(Generic[E, S, R]):
             with suppress(asyncio.CancelledError):
                 await self._pending_task
             self._pending_task = None
+        await self._stop_consuming()
+
+    async def _stop_consuming(self) -> None:
+        """Stop fetching; the batch being handled gets ``shutdown_grace_s`` to finish
+        (its messages not started yet go back at once). What is cut off past the grace
+        is not acknowledged: redelivered after ack_wait, never lost."""
+        self._stopping.set()
+        task, self._consume_task = self._consume_task, None
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(task, timeout=self.settings.shutdown_grace_s)
+        except TimeoutError:
+            log.warning("worker.shutdown_grace_exceeded", grace_s=self.settings.shutdown_grace_s)
+        except Exception:
+            log.exception("worker.consumer_failed")
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            # Before the connection drains: a pending pull request would hold it.
+            with suppress(Exception):
+                await subscription.unsubscribe()
 
     async def _after_shutdown(self) -> None:
-        # The broker has stopped (in-flight handlers done, connection drained).
+        # The broker has stopped (the batch in hand settled, connection drained).
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
             with suppress(asyncio.CancelledError):
@@ -510,95 +596,210 @@ class Worker(Generic[E, S, R]):
 
     # -- consuming -----------------------------------------------------------------
 
-    def _subscribe(self) -> None:
-        concurrency = self.settings.worker_concurrency
-        subscriber = self.broker.subscriber(
-            self.spec.event.subject,
-            # Declared and checked by ensure_stream, never by FastStream (it would merge subjects).
-            stream=JStream(STREAM_NAME, declare=False),
-            durable=self.spec.name,
-            config=self.consumer_config(),
-            pull_sub=PullSub(batch_size=concurrency, timeout=self.settings.fetch_timeout_s),
-            max_workers=concurrency if concurrency > 1 else None,
-            ack_policy=AckPolicy.MANUAL,
-            decoder=_the_message,
-            title=f"{self.spec.name}:{self.spec.event.subject}",
-        )
-        subscriber(self._on_message)
+    async def _consume_until_stopped(self, subscription: JetStreamContext.PullSubscription) -> None:
+        """Fetch a batch, handle it, settle every message of it; again until the stop."""
+        stopped = asyncio.create_task(self._stopping.wait())
+        try:
+            while not self._stopping.is_set():
+                fetching = asyncio.create_task(self._fetch(subscription))
+                await asyncio.wait({fetching, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not fetching.done():
+                    # Stopping while waiting for messages. One that arrives now is never
+                    # acknowledged and comes back after ack_wait: late, not lost.
+                    fetching.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await fetching
+                    return
+                if not (messages := fetching.result()):
+                    continue
+                try:
+                    await self._handle_batch(messages)
+                except Exception:
+                    # A bug of the runtime's own: what is unsettled comes back after
+                    # ack_wait; consuming goes on.
+                    log.exception("consumer.batch_failed", messages=len(messages))
+        finally:
+            stopped.cancel()
 
-    async def _on_message(self, message: NatsMessage) -> None:
-        meta = message.raw_message.metadata
+    async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
+        """Up to ``batch_size`` messages: waits ``fetch_timeout_s`` for the first, then at
+        most ``batch_max_wait_ms`` for the batch to fill; [] when none came.
+
+        Two pull requests, not one for the whole batch: a request the server answers
+        only in part stays open until it expires, and its late "timed out" status can
+        stall nats-py's next multi-message fetch for its whole timeout. A request for
+        one message is closed by that message, and the one for the rest expires within
+        ``batch_max_wait_ms``."""
+        settings = self.settings
+        try:
+            messages = await subscription.fetch(1, settings.fetch_timeout_s)
+        except TimeoutError:  # nothing to do (nats' own TimeoutError is one too)
+            return []
+        except Exception as exc:  # NATS away: readiness says so; try again shortly
+            log.warning("consumer.fetch_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(1.0)
+            return []
+        if settings.batch_size > 1:
+            wait_s = max(settings.batch_max_wait_ms / 1000, MIN_BATCH_WAIT_S)
+            with suppress(Exception):  # what came already is the batch
+                messages += await subscription.fetch(settings.batch_size - 1, wait_s)
+        return messages
+
+    async def _handle_batch(self, messages: Sequence[Msg]) -> None:
+        received = time.monotonic()
+        for message in messages:
+            # Heartbeats keep the waiting ones as well as the running ones alive.
+            self._in_flight[id(message)] = (message, received)
+        try:
+            items = [item for message in messages if (item := await self._admit(message))]
+            if not items:
+                return
+            if self.spec.handle_batch is None:
+                await self.each(items, self._handle_one)
+                return
+            started = time.perf_counter()
+            outcomes = await outcome_list(self.spec.handle_batch(items), len(items))
+            for item, outcome in zip(items, outcomes, strict=True):
+                with self._scope(item):
+                    await self._settle(item, outcome, started)
+        finally:
+            for message in messages:
+                self._in_flight.pop(id(message), None)
+
+    async def each(
+        self, items: Sequence[BatchItem[E, S, R]], run: Callable[[BatchItem[E, S, R]], Awaitable[T]]
+    ) -> list[T | Exception]:
+        """``run`` for every item, what it returned or raised, in item order.
+
+        The items of one conversation run one after another in stream order;
+        conversations run side by side, at most ``worker_concurrency`` items at once.
+        Each runs in its message's span and log context. Batch hooks use it for the part
+        of their work that stays per message.
+        """
+        results: list[T | Exception] = [RuntimeError("not run")] * len(items)
+        conversations: dict[tuple[str, str, str], list[int]] = {}
+        for index, item in enumerate(items):
+            conversations.setdefault(item.conversation, []).append(index)
+        slots = asyncio.Semaphore(self.settings.worker_concurrency)
+
+        async def run_in_order(indexes: list[int]) -> None:
+            for index in indexes:
+                async with slots:
+                    with self._scope(items[index]):
+                        try:
+                            results[index] = await run(items[index])
+                        except Exception as exc:
+                            results[index] = exc
+
+        await asyncio.gather(*(run_in_order(indexes) for indexes in conversations.values()))
+        return results
+
+    async def _handle_one(self, item: BatchItem[E, S, R]) -> None:
+        if self._stopping.is_set():
+            # Not started before the stop: straight back to the stream for another replica.
+            await item.message.nak()
+            self._in_flight.pop(id(item.message), None)
+            item.span.end()
+            return
+        started = time.perf_counter()
+        outcome = await outcome_of(self.spec.handle(item.event, item.delivery))
+        await self._settle(item, outcome, started)
+
+    @contextmanager
+    def _scope(self, item: BatchItem[E, S, R]) -> Iterator[None]:
+        """The message's span current and its ids in every log line."""
+        meta = item.message.metadata
+        event = item.event
+        with (
+            trace.use_span(item.span, end_on_exit=False),
+            structlog.contextvars.bound_contextvars(
+                worker=self.spec.name,
+                attempt=item.delivery.attempt,
+                stream_seq=meta.sequence.stream,
+                event_id=event.event_id,
+                tenant=event.tenant,
+                conversation_id=event.conversation_id,
+            ),
+        ):
+            yield
+
+    async def _admit(self, message: Msg) -> BatchItem[E, S, R] | None:
+        """The message as a batch item, or None when it was dead-lettered at once
+        (malformed, or too many deliveries without an outcome)."""
+        meta = message.metadata
         attempt = meta.num_delivered or 1
-        span = trace.get_current_span()
+        headers = message.headers or {}
+        span = start_process_span(message.subject, headers, len(message.data), message)
         span.set_attributes(
             {semconv.ENGRAM_WORKER: self.spec.name, semconv.ENGRAM_DELIVERY: attempt}
         )
         if attempt > 1:
             metrics.events_redelivered.add(1, self._metric_attributes(message))
-        with structlog.contextvars.bound_contextvars(
-            worker=self.spec.name, attempt=attempt, stream_seq=meta.sequence.stream
+        with (
+            trace.use_span(span, end_on_exit=False),
+            structlog.contextvars.bound_contextvars(
+                worker=self.spec.name, attempt=attempt, stream_seq=meta.sequence.stream
+            ),
         ):
             try:
-                event = self.spec.event.model_validate_json(message.body)
+                event = self.spec.event.model_validate_json(message.data)
             except ValidationError as exc:
                 await self._dead_letter(
                     message, attempt, f"malformed event: {describe_validation_error(exc)}"
                 )
-                return
+                self._done(message, span)
+                return None
             span.set_attributes(
                 {semconv.ENGRAM_EVENT_ID: event.event_id, semconv.ENGRAM_TENANT: event.tenant}
             )
-            with structlog.contextvars.bound_contextvars(
-                event_id=event.event_id,
-                tenant=event.tenant,
-                conversation_id=event.conversation_id,
-            ):
-                await self._handle(message, event, attempt)
-
-    async def _handle(self, message: NatsMessage, event: E, attempt: int) -> None:
-        age_s = _age_s(message)
-        lost = self.retry_policy.deliveries_without_outcome(age_s, attempt)
-        if lost > self.settings.max_deliver:
-            await self._dead_letter(
-                message,
-                attempt,
-                f"no outcome for {lost} of {attempt - 1} deliveries "
-                "(handler crashed or exceeded ack_wait)",
-            )
-            return
+            age_s = _age_s(message)
+            lost = self.retry_policy.deliveries_without_outcome(age_s, attempt)
+            if lost > self.settings.max_deliver:
+                with structlog.contextvars.bound_contextvars(
+                    event_id=event.event_id,
+                    tenant=event.tenant,
+                    conversation_id=event.conversation_id,
+                ):
+                    await self._dead_letter(
+                        message,
+                        attempt,
+                        f"no outcome for {lost} of {attempt - 1} deliveries "
+                        "(handler crashed or exceeded ack_wait)",
+                    )
+                self._done(message, span)
+                return None
         delivery = Delivery(
-            worker=self,
-            subject=message.raw_message.subject,
-            attempt=attempt,
-            headers=message.headers,
-            age_s=age_s,
+            worker=self, subject=message.subject, attempt=attempt, headers=headers, age_s=age_s
         )
-        started = time.perf_counter()
-        key = id(message)
-        self._in_flight[key] = (message, time.monotonic())
+        return BatchItem(event=event, delivery=delivery, message=message, span=span)
+
+    def _done(self, message: Msg, span: Span) -> None:
+        self._in_flight.pop(id(message), None)
+        span.end()
+
+    async def _settle(self, item: BatchItem[E, S, R], outcome: Outcome, started: float) -> None:
+        """Ack, retry or dead-letter one message by what its handling came to."""
+        message, attempt = item.message, item.delivery.attempt
         try:
-            await self.spec.handle(event, delivery)
-        except PermanentError as exc:
-            await self._dead_letter(message, attempt, str(exc))
-            return
-        except RetrievalError as exc:
-            if not exc.retryable:  # a request retrieval refuses will be refused again
-                await self._dead_letter(message, attempt, str(exc))
-                return
-            # UNAVAILABLE & co. say "try again" (by time); the other retryable codes count.
-            await self._retry_or_dead_letter(message, attempt, age_s, exc)
-            return
-        except Exception as exc:
-            await self._retry_or_dead_letter(message, attempt, age_s, exc)
-            return
+            if outcome is None:
+                await message.ack()
+                metrics.events_processed.add(1, self._metric_attributes(message))
+                log.debug(
+                    "message.acked", duration_ms=round((time.perf_counter() - started) * 1e3, 1)
+                )
+            elif isinstance(outcome, PermanentError):
+                await self._dead_letter(message, attempt, str(outcome))
+            elif isinstance(outcome, RetrievalError) and not outcome.retryable:
+                # A request retrieval refuses will be refused again.
+                await self._dead_letter(message, attempt, str(outcome))
+            else:
+                # UNAVAILABLE & co. say "try again" (by time); the other failures count.
+                await self._retry_or_dead_letter(message, attempt, item.delivery.age_s, outcome)
         finally:
-            self._in_flight.pop(key, None)
-        await message.ack()
-        metrics.events_processed.add(1, self._metric_attributes(message))
-        log.debug("message.acked", duration_ms=round((time.perf_counter() - started) * 1e3, 1))
+            self._done(message, item.span)
 
     async def _retry_or_dead_letter(
-        self, message: NatsMessage, attempt: int, age_s: float, exc: Exception
+        self, message: Msg, attempt: int, age_s: float, exc: Exception
     ) -> None:
         expected = isinstance(exc, RetryableError | RetrievalError)
         reason = str(exc) if expected else f"{type(exc).__name__}: {exc}"
@@ -625,19 +826,18 @@ class Worker(Generic[E, S, R]):
             delay_s=delay,
             transient=transient,
             # A bug, not a flaky dependency: keep the traceback.
-            exc_info=not (transient or expected),
+            exc_info=exc if not (transient or expected) else False,
         )
-        await message.nack(delay=delay)
+        await message.nak(delay=delay)
 
-    async def _dead_letter(self, message: NatsMessage, attempt: int, reason: str) -> None:
-        raw = message.raw_message
+    async def _dead_letter(self, message: Msg, attempt: int, reason: str) -> None:
         letter = DeadLetter(
             worker=self.spec.name,
-            subject=raw.subject,
+            subject=message.subject,
             reason=reason,
             deliveries=attempt,
-            original_headers=dict(raw.headers or {}),
-            original_body=message.body.decode("utf-8", errors="replace"),
+            original_headers=dict(message.headers or {}),
+            original_body=message.data.decode("utf-8", errors="replace"),
         )
         trace.get_current_span().set_status(Status(StatusCode.ERROR, reason))
         try:
@@ -646,30 +846,31 @@ class Worker(Generic[E, S, R]):
                 letter.model_dump(mode="json"),
                 subject=self.dlq_subject,
                 # The same message dead-lettered twice (a lost term) is stored once.
-                msg_id=f"{self.spec.name}:{raw.metadata.sequence.stream}",
+                msg_id=f"{self.spec.name}:{message.metadata.sequence.stream}",
                 retry_s=self.retry_policy.publish_retry_s,
             )
         except Exception:
             # Not acknowledged, so not lost: it comes back and is dead-lettered then.
             log.exception("message.dead_letter_failed", reason=reason)
-            await message.nack(delay=self.retry_policy.delay(attempt))
+            await message.nak(delay=self.retry_policy.delay(attempt))
             return
-        await message.reject()  # term: never redelivered
+        await message.term()  # never redelivered
         metrics.events_dead_lettered.add(1, self._metric_attributes(message))
         log.error("message.dead_lettered", reason=reason, dlq_subject=self.dlq_subject)
 
-    def _metric_attributes(self, message: NatsMessage) -> dict[str, str]:
+    def _metric_attributes(self, message: Msg) -> dict[str, str]:
         return {
             semconv.ENGRAM_WORKER: self.spec.name,
-            semconv.MESSAGING_DESTINATION_NAME: message.raw_message.subject,
+            semconv.MESSAGING_DESTINATION_NAME: message.subject,
         }
 
     async def _keep_in_progress_forever(self) -> None:
         """Tell the server that messages still being handled are being worked on, so
         ack_wait never expires under a slow but live handler and hands the message to
         another replica. One task for all of them (a task per message cost more than
-        the beat): every ack_wait/3, each message handled for at least that long gets
-        an in-progress, so none goes longer than 2/3 of ack_wait without one."""
+        the beat): every ack_wait/3, each message held for at least that long (handled,
+        or waiting for its turn in a batch) gets an in-progress, so none goes longer
+        than 2/3 of ack_wait without one."""
         interval = self.settings.ack_wait_s / 3
         while True:
             await asyncio.sleep(interval)
@@ -683,10 +884,27 @@ class Worker(Generic[E, S, R]):
                     log.debug("message.in_progress_failed", error=str(exc))
 
 
-async def _the_message(message: NatsMessage) -> NatsMessage:
-    """The subscriber's decoder: the handler receives the message itself and validates
-    its body against the worker's event type (a malformed one is dead-lettered)."""
-    return message
+async def outcome_of(awaitable: Awaitable[object]) -> Outcome:
+    """``None`` when ``awaitable`` completes, else the exception it raised: how a batch
+    hook reports one message's outcome without failing the others."""
+    try:
+        await awaitable
+    except Exception as exc:
+        return exc
+    return None
+
+
+async def outcome_list(awaitable: Awaitable[Sequence[Outcome]], count: int) -> Sequence[Outcome]:
+    """A batch hook's outcomes; when the hook itself fails (a bug), every message fails
+    with it, to be retried and dead-lettered each on its own."""
+    try:
+        outcomes = await awaitable
+    except Exception as exc:
+        return [exc] * count
+    if len(outcomes) != count:
+        failure = RuntimeError(f"batch hook returned {len(outcomes)} outcomes for {count}")
+        return [failure] * count
+    return outcomes
 
 
 async def _serve_until_signalled(spec: WorkerSpec[Any, S, Any], settings: S) -> None:
