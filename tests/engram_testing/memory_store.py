@@ -17,11 +17,12 @@ Search is deterministic and simple, not the service's ranking: relevance is the 
 the query's words (lower-cased, alphanumeric) found in the memory's display text;
 ``total = (1 - w)·relevance + w·recency`` with ``recency = exp(-age_days / 30)`` and
 ``w = recency_weight`` (0.2); hits need relevance above ``score_threshold`` (default 0),
-ordered by total, then id; ``mmr`` is the total. Scopes, default kinds (turn, fact,
-episode; summaries refused), superseded memories left out, the small-store answer
-(at most five candidates: all of them up to ``top_k``, facts first, then episodes, then
-turns, each newest first) and the attachments (the rolling summary by its id, the
-user's active profile entries) are the service's. There is no overview outcome.
+ordered by total, then id; ``mmr`` is the total. Scopes, the kinds searched by default
+(a kind without vectors refused), superseded memories left out, the small-store answer
+(at most five candidates: all of them up to ``top_k``, in the kinds' small-store order,
+each newest first) and the attachments (the rolling summary by its id, the user's active
+profile entries) are the service's; the kind rules come from :mod:`engram_core.kinds`.
+There is no overview outcome.
 
 Test controls: ``searches`` records every query; ``scripted_search`` answers every
 search with a given result (a test about how a caller handles one outcome);
@@ -49,14 +50,22 @@ from datetime import UTC, datetime
 
 import grpc
 
-from engram_core.lifecycle import summary_memory_id
+from engram_core.codec import (
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_SCOPES_LIMIT,
+    MAX_IDS,
+    MAX_PAGE_SIZE,
+    MAX_SCOPES_LIMIT,
+    MAX_UPSERT_BATCH,
+)
+from engram_core.ids import summary_memory_id
+from engram_core.kinds import kind_names, kind_policy
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
     GLOBAL_CONVERSATION,
     KIND_NAMES,
     KindCounts,
     MemoryFilter,
-    MemoryKindName,
     MemoryRecord,
     Page,
     ScopeCount,
@@ -70,22 +79,16 @@ from engram_core.memory import (
     UpsertStatus,
     is_tenant_wide,
 )
-from engram_core.memory_port import MAX_IDS, MAX_PAGE_SIZE, MemoryPort, RetrievalError
+from engram_core.memory_port import MemoryPort, RetrievalError
 
 ADDRESS = "in-memory"
-DEFAULT_PAGE_SIZE = 50
-MAX_UPSERT_BATCH = 2048
 MAX_TOP_K = 100
 DEFAULT_TOP_K = 5
 DEFAULT_RECENCY_WEIGHT = 0.2
 RECENCY_HALF_LIFE_DAYS = 30.0
 SMALL_STORE_SIZE = 5
-DEFAULT_SCOPES_LIMIT = 100
-MAX_SCOPES_LIMIT = 1000
-DEFAULT_SEARCH_KINDS: tuple[MemoryKindName, ...] = ("turn", "fact", "episode")
+DEFAULT_SEARCH_KINDS = kind_names(lambda k: k.searched_by_default)
 DEFAULT_SEARCH_SCOPES: tuple[ScopeName, ...] = ("conversation", "user", "global")
-#: Small store order: facts (what holds now), then episodes, then turns.
-_SMALL_STORE_RANK: dict[str, int] = {"fact": 0, "episode": 1, "turn": 2}
 _WORD = re.compile(r"[a-z0-9]+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -345,7 +348,7 @@ class InMemoryPort(MemoryPort):
             hits = [self._hit(query, scope, record, now) for scope, record in candidates.values()]
             if len(hits) <= SMALL_STORE_SIZE:
                 hits.sort(key=lambda h: _newest_first(h.memory))
-                hits.sort(key=lambda h: _SMALL_STORE_RANK.get(h.memory.kind, 3))
+                hits.sort(key=lambda h: -kind_policy(h.memory.kind).small_store_rank)
                 result.outcome, result.hits = "small_store", hits[:top_k]
             else:
                 threshold = query.score_threshold or 0.0
@@ -406,8 +409,9 @@ def _validated(query: SearchQuery) -> int:
         raise _invalid("Search", "tenant is required")
     if not query.text.strip():
         raise _invalid("Search", "query is empty")
-    if "summary" in query.kinds:
-        raise _invalid("Search", "kinds: summaries are not searched; see SearchResponse.summary")
+    for kind in query.kinds:
+        if not kind_policy(kind).embedded:
+            raise _invalid("Search", f"kinds: {kind} memories are not searched")
     top_k = query.top_k if query.top_k is not None else DEFAULT_TOP_K
     if not 1 <= top_k <= MAX_TOP_K:
         raise _invalid("Search", f"top_k must be within [1, {MAX_TOP_K}] (got {top_k})")

@@ -4,9 +4,9 @@ of what they left on the ENGRAM stream.
 
 The embedder is loaded once per test process and shared by every retrieval server;
 each server gets its own store directory, so tests never see each other's memories.
-The fake MemoryService in ``services/workers/tests`` covers the runtime's delivery
-policy; these pieces serve the tests that need real storage semantics (List order,
-Count, supersession, Search).
+Workers started with ``memories`` (an :class:`~engram_testing.memory_store.InMemoryPort`)
+use it instead of a retrieval service: the runtime's delivery policy needs no models;
+the real service serves the tests that need its storage and ranking.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.server import RunningServer, build_server
 from engram_retrieval.settings import RetrievalSettings
+from engram_testing.memory_store import InMemoryPort
 from engram_testing.upstream import UpstreamError
 from engram_testing.waiting import eventually
 from engram_workers.llm import TASK_PREFIX
@@ -153,10 +154,17 @@ class RunningWorker:
 
     @classmethod
     async def start(
-        cls, spec: WorkerSpec[Any, Any, Any], settings: WorkerSettings
+        cls,
+        spec: WorkerSpec[Any, Any, Any],
+        settings: WorkerSettings,
+        memories: InMemoryPort | None = None,
     ) -> RunningWorker:
-        """Start serving and return once the worker consumes (or raise why it could not)."""
-        worker = Worker(spec, settings)
+        """Start serving and return once the worker consumes (or raise why it could not).
+        ``memories``: the port it uses instead of the retrieval service."""
+        if memories is None:
+            worker = Worker(spec, settings)
+        else:
+            worker = Worker(spec, settings, memory_port=memories.as_factory())
         stop = asyncio.Event()
         task = asyncio.create_task(worker.serve(stop))
         await eventually(lambda: worker.consuming or task.done(), what=f"{spec.name} start")
@@ -183,10 +191,12 @@ async def running_worker(
 
 @dataclass
 class WorkerStack:
-    """Starts worker replicas against one NATS and one retrieval; stops them together."""
+    """Starts worker replicas against one NATS and one retrieval (or ``memories``);
+    stops them together."""
 
     nats_url: str
     retrieval_address: str = ""
+    memories: InMemoryPort | None = None
     running: list[RunningWorker] = field(default_factory=list)
 
     def common(self) -> dict[str, Any]:
@@ -196,7 +206,7 @@ class WorkerStack:
     async def start(
         self, spec: WorkerSpec[Any, Any, Any], settings: WorkerSettings
     ) -> RunningWorker:
-        running = await RunningWorker.start(spec, settings)
+        running = await RunningWorker.start(spec, settings, self.memories)
         self.running.append(running)
         return running
 

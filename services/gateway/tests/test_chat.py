@@ -1,5 +1,5 @@
-"""POST /v1/chat/completions against the real nats-server, the scripted upstream and a
-fake retrieval service."""
+"""POST /v1/chat/completions against the real nats-server, the scripted upstream and the
+retrieval port in memory."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Responses, Messages and Ollama chat routes (issue 31) against the real
-nats-server, the scripted upstream (which speaks all three) and a fake retrieval
-service: what reached the upstream (memory where each API carries instructions,
+nats-server, the scripted upstream (which speaks all three) and the retrieval port in
+memory: what reached the upstream (memory where each API carries instructions,
 everything else as sent), what the caller got (each API's framing and error shape),
 and the turns recorded (identity rules, tool results never the person speaking)."""
 

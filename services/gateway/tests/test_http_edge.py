@@ -431,7 +431,7 @@ async def test_readiness_is_about_chats_and_memory_is_reported_apart(
     }
     assert memory_gauge(await client.get("/metrics")) == 0.0
 
-    serving = await start_gateway()  # the fake retrieval serves
+    serving = await start_gateway()  # on the in-memory port, which serves
     client = serving.client()
     assert (await client.get("/readyz/memory")).status_code == 200
     assert (await client.get("/readyz")).json()["memory"] == "ok"

@@ -1,6 +1,6 @@
 """The real Open WebUI's requests (captured from 0.12.4, tests/fixtures/open_webui/)
-replayed through the gateway, against the real nats-server, the scripted upstream and a
-fake retrieval service: a temporary chat is not remembered, the background tasks are
+replayed through the gateway, against the real nats-server, the scripted upstream and the
+retrieval port in memory: a temporary chat is not remembered, the background tasks are
 left alone, a saved chat is a conversation named by its chat id, and the person's
 non-ASCII name breaks nothing and is shown beside the person's id."""
 

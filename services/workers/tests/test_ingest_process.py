@@ -16,6 +16,9 @@ import pytest
 from engram_cli.stack.nats_server import free_port
 from engram_core.bus import ensure_stream
 from engram_core.events import STREAM_NAME, TurnPersisted
+from engram_core.memory_port import MemoryPort
+from engram_testing.worker_stack import RealRetrieval
+from engram_workers.ingest import turn_memory_id
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +50,14 @@ def worker_env(nats_url: str, retrieval: str, tmp_path: Path, health_port: int) 
 
 
 async def test_engram_ingest_runs_continues_the_trace_and_stops_on_sigterm(
-    nats_url: str, fake_retrieval, tmp_path: Path, eventually
+    nats_url: str, retrieval: RealRetrieval, tmp_path: Path, eventually
 ) -> None:
     port = free_port()
     log_path = tmp_path / "ingest.log"
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(
             str(ENTRY_POINT),
-            env=worker_env(nats_url, fake_retrieval.address, tmp_path, port),
+            env=worker_env(nats_url, retrieval.address, tmp_path, port),
             stdout=log_file,
             stderr=log_file,
         )
@@ -76,8 +79,13 @@ async def test_engram_ingest_runs_continues_the_trace_and_stops_on_sigterm(
             )
         finally:
             await nc.close()
-        service = fake_retrieval.service
-        await eventually(lambda: len(service.upserts) == 1, 15, "the Upsert")
+        memories = MemoryPort(retrieval.client)
+        memory_id = turn_memory_id(event.tenant, event.conversation_id, event.turn_id)
+
+        async def indexed() -> bool:
+            return await memories.get_one(event.tenant, memory_id) is not None
+
+        await eventually(indexed, 15, "the turn in retrieval")
 
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0

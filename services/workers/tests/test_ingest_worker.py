@@ -1,4 +1,4 @@
-"""The ingest worker in-process against a real nats-server and a fake retrieval service."""
+"""The ingest worker in-process against a real nats-server and the retrieval port in memory."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ import pytest
 
 from engram_cli.stack.nats_server import free_port
 from engram_core.bus import publish_event
-from engram_core.codec import from_timestamp, pb
 from engram_core.events import STREAM_NAME, TurnPersisted
 from engram_testing.worker_stack import HORIZON_AFTER_TWO_DELIVERIES
-from engram_workers.ingest import INGEST, turn_memory_id
-from engram_workers.runtime import Worker
+from engram_workers.ingest import turn_memory_id
 
 pytestmark = pytest.mark.integration
 
@@ -47,20 +45,20 @@ async def test_turn_is_upserted_with_its_fields_and_a_deterministic_id(
     event = turn()
     await publish_event(publisher, event)
 
-    service = ingest.retrieval.service
-    await eventually(lambda: len(service.upserts) == 1, what="the Upsert")
-    request = service.upserts[0]
-    assert request.tenant == "acme"
-    [memory] = request.memories
+    memories = ingest.memories
+    await eventually(lambda: len(memories.upserts) == 1, what="the Upsert")
+    call = memories.upserts[0]
+    assert call.tenant == "acme"
+    [memory] = call.records
     # Pinned: a change would give every stored turn a new id.
     assert (
         memory.id == turn_memory_id("acme", "c1", "t-1") == ("f446aed3-a438-5d8b-9e65-5d41f6fb601a")
     )
-    assert memory.kind == pb.MEMORY_KIND_TURN
+    assert memory.kind == "turn"
     assert (memory.role, memory.text) == ("user", "I moved to Lisbon last spring.")
     assert (memory.user_id, memory.conversation_id, memory.source_id) == ("u1", "c1", "D1:3")
-    assert from_timestamp(memory.created_at) == CREATED
-    assert dict(memory.metadata) == {
+    assert memory.created_at == CREATED
+    assert memory.metadata == {
         "turn_id": "t-1",
         "event_id": event.event_id,
         "model": "gpt-test",
@@ -76,8 +74,8 @@ async def test_duplicates_never_create_a_second_memory(ingest, publisher, eventu
     again = await publish_event(publisher, event)  # same event_id: JetStream drops it
     assert not first.duplicate
     assert again.duplicate
-    service = ingest.retrieval.service
-    await eventually(lambda: len(service.upserts) == 1, what="the first Upsert")
+    memories = ingest.memories
+    await eventually(lambda: len(memories.upserts) == 1, what="the first Upsert")
     # The same turn re-published as a new event (a retried request after the
     # de-duplication window) is delivered again, and recognised as a repeat...
     await publish_event(publisher, turn(event_id="another-event-id"))
@@ -85,24 +83,24 @@ async def test_duplicates_never_create_a_second_memory(ingest, publisher, eventu
     # ...while a new text for the same turn (a regenerated reply) replaces it.
     await publish_event(publisher, turn(event_id="third-event-id", text="Changed my mind."))
 
-    await eventually(lambda: len(service.upserts) == 2, what="two Upserts")
+    await eventually(lambda: len(memories.upserts) == 2, what="two Upserts")
     await eventually(ingest.settled, what="the acks")
-    assert len(service.upserts) == 2
-    assert {m.id for r in service.upserts for m in r.memories} == {
+    assert len(memories.upserts) == 2
+    assert {m.id for call in memories.upserts for m in call.records} == {
         turn_memory_id("acme", "c1", "t-1")
     }
-    assert len(service.stored) == 1
-    assert next(iter(service.stored.values())).text == "Changed my mind."
+    [stored] = memories.records("acme")
+    assert stored.text == "Changed my mind."
 
 
 async def test_transient_failure_is_retried_with_backoff(ingest, publisher, eventually) -> None:
     await ingest.start(max_deliver=5, retry_backoff_s=(0.3, 0.6))
-    service = ingest.retrieval.service
-    service.fail_next = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED]
+    memories = ingest.memories
+    memories.fail_upserts_next = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED]
     await publish_event(publisher, turn())
 
-    await eventually(lambda: len(service.upserts) == 1, what="the successful Upsert")
-    first, second, third = service.attempts
+    await eventually(lambda: len(memories.upserts) == 1, what="the successful Upsert")
+    first, second, third = memories.upsert_attempts
     assert second - first >= 0.3 - 0.05
     assert third - second >= 0.6 - 0.05
     await eventually(ingest.settled, what="the ack")
@@ -114,12 +112,12 @@ async def test_a_dependency_down_longer_than_max_deliver_retries_loses_nothing(
 ) -> None:
     """Retried by time, not by count: six UNAVAILABLE answers with max_deliver 3."""
     await ingest.start(max_deliver=3, retry_backoff_s=(0.05,))
-    service = ingest.retrieval.service
-    service.fail_next = [grpc.StatusCode.UNAVAILABLE] * 6
+    memories = ingest.memories
+    memories.fail_upserts_next = [grpc.StatusCode.UNAVAILABLE] * 6
     await publish_event(publisher, turn())
 
-    await eventually(lambda: len(service.upserts) == 1, what="the Upsert once it answers")
-    assert len(service.attempts) == 7
+    await eventually(lambda: len(memories.upserts) == 1, what="the Upsert once it answers")
+    assert len(memories.upsert_attempts) == 7
     await eventually(ingest.settled, what="the ack")
     assert await ingest.dead_letter_count() == 0
 
@@ -128,8 +126,8 @@ async def test_a_dependency_down_past_the_retry_horizon_is_dead_lettered(
     ingest, publisher, eventually
 ) -> None:
     await ingest.start(max_deliver=5, **HORIZON_AFTER_TWO_DELIVERIES)
-    service = ingest.retrieval.service
-    service.fail_always = grpc.StatusCode.UNAVAILABLE
+    memories = ingest.memories
+    memories.fail_upserts_always = grpc.StatusCode.UNAVAILABLE
     event = turn()
     await publish_event(publisher, event)
 
@@ -144,16 +142,16 @@ async def test_a_dependency_down_past_the_retry_horizon_is_dead_lettered(
     assert letter.original_headers["Nats-Msg-Id"] == event.event_id
     await eventually(ingest.settled, what="the original to be terminated")
     await asyncio.sleep(0.6)  # longer than the backoff: no third attempt comes
-    assert len(service.attempts) == 2
-    assert service.upserts == []
+    assert len(memories.upsert_attempts) == 2
+    assert memories.upserts == []
 
 
 async def test_an_unexpected_failure_is_dead_lettered_after_max_deliver(
     ingest, publisher, eventually
 ) -> None:
     await ingest.start(max_deliver=3, retry_backoff_s=(0.1,))
-    service = ingest.retrieval.service
-    service.fail_always = grpc.StatusCode.INTERNAL  # not a "try again"
+    memories = ingest.memories
+    memories.fail_upserts_always = grpc.StatusCode.INTERNAL  # not a "try again"
     await publish_event(publisher, turn())
 
     [letter] = await ingest.dead_letters(1)
@@ -162,20 +160,20 @@ async def test_an_unexpected_failure_is_dead_lettered_after_max_deliver(
     assert "INTERNAL" in letter.reason
     await eventually(ingest.settled, what="the original to be terminated")
     await asyncio.sleep(0.3)  # longer than the backoff: no fourth attempt comes
-    assert len(service.attempts) == 3
+    assert len(memories.upsert_attempts) == 3
 
 
 async def test_invalid_argument_is_dead_lettered_at_once(ingest, publisher, eventually) -> None:
     await ingest.start(max_deliver=5)
-    service = ingest.retrieval.service
-    service.fail_next = [grpc.StatusCode.INVALID_ARGUMENT]
+    memories = ingest.memories
+    memories.fail_upserts_next = [grpc.StatusCode.INVALID_ARGUMENT]
     await publish_event(publisher, turn())
 
     [letter] = await ingest.dead_letters(1)
     assert letter.deliveries == 1
     assert "INVALID_ARGUMENT" in letter.reason
     await eventually(ingest.settled, what="the original to be terminated")
-    assert len(service.attempts) == 1
+    assert len(memories.upsert_attempts) == 1
 
 
 async def test_malformed_payloads_go_straight_to_the_dead_letter_subject(
@@ -197,14 +195,14 @@ async def test_malformed_payloads_go_straight_to_the_dead_letter_subject(
     assert "private words" not in role_letter.reason
     assert all(letter.deliveries == 1 for letter in letters)
     await eventually(ingest.settled, what="both originals to be terminated")
-    assert ingest.retrieval.service.attempts == []
+    assert ingest.memories.upsert_attempts == []
 
 
 async def test_empty_turn_is_acknowledged_without_an_upsert(ingest, publisher, eventually) -> None:
     await ingest.start()
     await publish_event(publisher, turn(text="  \n"))
     await eventually(ingest.settled, what="the ack")
-    assert ingest.retrieval.service.attempts == []
+    assert ingest.memories.upsert_attempts == []
     assert await ingest.dead_letter_count() == 0
 
 
@@ -213,13 +211,13 @@ async def test_a_second_replica_shares_the_durable_consumer(ingest, publisher, e
     await ingest.start(worker_concurrency=1)
     for n in range(6):
         await publish_event(publisher, turn(turn_id=f"t-{n}"))
-    service = ingest.retrieval.service
+    memories = ingest.memories
     # in batches of any size: two replicas may each fetch several
     await eventually(
-        lambda: sum(len(c.memories) for c in service.upserts) == 6, what="six turns upserted"
+        lambda: sum(len(c.records) for c in memories.upserts) == 6, what="six turns upserted"
     )
     await eventually(ingest.settled, what="the acks")
-    assert len(service.stored) == 6
+    assert len(memories.records("acme")) == 6
 
 
 def http_get(url: str) -> tuple[int, dict[str, object]]:
@@ -243,7 +241,7 @@ async def test_health_endpoints(ingest) -> None:
         {"status": "ready", "checks": {"consuming": True, "nats": True, "retrieval": True}},
     )
 
-    await ingest.retrieval.set_serving(False)
+    ingest.memories.set_serving(False)
     status, body = await asyncio.to_thread(http_get, f"{base}/readyz")
     assert status == 503
     assert body["checks"] == {"consuming": True, "nats": True, "retrieval": False}
@@ -253,14 +251,14 @@ async def test_health_endpoints(ingest) -> None:
 async def test_shutdown_lets_the_in_flight_message_finish(ingest, publisher, eventually) -> None:
     port = free_port()
     running = await ingest.start(health_port=port, health_host="127.0.0.1")
-    service = ingest.retrieval.service
-    service.delay_s = 1.0
+    memories = ingest.memories
+    memories.upsert_delay_s = 1.0
     await publish_event(publisher, turn())
-    await eventually(lambda: len(service.attempts) == 1, what="the Upsert to start")
+    await eventually(lambda: len(memories.upsert_attempts) == 1, what="the Upsert to start")
 
     await running.shutdown()
 
-    assert len(service.upserts) == 1  # finished, not cancelled
+    assert len(memories.upserts) == 1  # finished, not cancelled
     assert not running.worker.consuming
     assert await ingest.settled()  # and acknowledged before the connection closed
     with pytest.raises(urllib.error.URLError):
@@ -271,20 +269,20 @@ async def test_a_slow_handler_keeps_its_message_past_ack_wait(
     ingest, publisher, eventually
 ) -> None:
     await ingest.start(ack_wait_s=0.6)
-    service = ingest.retrieval.service
-    service.delay_s = 1.5
+    memories = ingest.memories
+    memories.upsert_delay_s = 1.5
     await publish_event(publisher, turn())
-    await eventually(lambda: len(service.upserts) == 1, what="the slow Upsert")
+    await eventually(lambda: len(memories.upserts) == 1, what="the slow Upsert")
     await eventually(ingest.settled, what="the ack")
-    assert len(service.attempts) == 1  # not handed out again while still in progress
+    assert len(memories.upsert_attempts) == 1  # not handed out again while still in progress
 
 
 async def test_a_worker_waits_for_retrieval_before_consuming(ingest, publisher, eventually) -> None:
     """Started before retrieval serves (``engram up``, a pod rescheduled): alive, not
     ready, not consuming; a turn said meanwhile is indexed on its first delivery once
     retrieval serves, instead of failing and waiting out the retry backoff."""
-    await ingest.retrieval.set_serving(False)
-    worker = Worker(INGEST, ingest.settings())
+    ingest.memories.set_serving(False)
+    worker = ingest.worker()
     stop = asyncio.Event()
     serving = asyncio.create_task(worker.serve(stop))
     try:
@@ -292,10 +290,10 @@ async def test_a_worker_waits_for_retrieval_before_consuming(ingest, publisher, 
         await publish_event(publisher, turn())
         await asyncio.sleep(0.5)
         assert not worker.consuming and not serving.done()
-        assert ingest.retrieval.service.attempts == []  # nothing tried, nothing naked
-        await ingest.retrieval.set_serving(True)
-        await eventually(lambda: len(ingest.retrieval.service.upserts) == 1, 10, what="the turn")
-        assert len(ingest.retrieval.service.attempts) == 1  # the first delivery did it
+        assert ingest.memories.upsert_attempts == []  # nothing tried, nothing naked
+        ingest.memories.set_serving(True)
+        await eventually(lambda: len(ingest.memories.upserts) == 1, 10, what="the turn")
+        assert len(ingest.memories.upsert_attempts) == 1  # the first delivery did it
         assert (await worker.readiness())["retrieval"]
     finally:
         stop.set()
@@ -303,9 +301,10 @@ async def test_a_worker_waits_for_retrieval_before_consuming(ingest, publisher, 
 
 
 async def test_a_stop_while_waiting_for_retrieval_ends_the_wait(ingest) -> None:
-    await ingest.retrieval.set_serving(False)
+    ingest.memories.set_serving(False)
     stop = asyncio.Event()
-    serving = asyncio.create_task(Worker(INGEST, ingest.settings()).serve(stop))
+    worker = ingest.worker()
+    serving = asyncio.create_task(worker.serve(stop))
     await asyncio.sleep(0.5)
     stop.set()
     await asyncio.wait_for(serving, 10)

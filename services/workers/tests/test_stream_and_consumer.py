@@ -16,8 +16,6 @@ from engram_core.bus import (
 )
 from engram_core.events import STREAM_NAME
 from engram_core.retry import RetryPolicy
-from engram_workers.ingest import INGEST
-from engram_workers.runtime import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +112,7 @@ async def test_a_worker_started_without_nats_waits_not_ready_then_consumes(
 ) -> None:
     """No exit, no restart by hand: alive and not ready until NATS can serve it."""
     await asyncio.to_thread(nats_server.stop)
-    worker = Worker(INGEST, ingest.settings())
+    worker = ingest.worker()
     stop = asyncio.Event()
     serving = asyncio.create_task(worker.serve(stop))
     try:
@@ -132,7 +130,7 @@ async def test_a_worker_started_without_nats_waits_not_ready_then_consumes(
 async def test_a_stop_while_waiting_for_nats_ends_the_wait(nats_server, ingest) -> None:
     await asyncio.to_thread(nats_server.stop)
     stop = asyncio.Event()
-    serving = asyncio.create_task(Worker(INGEST, ingest.settings()).serve(stop))
+    serving = asyncio.create_task(ingest.worker().serve(stop))
     await asyncio.sleep(0.5)
     stop.set()
     await asyncio.wait_for(serving, 10)  # returns: nothing hangs on the unreachable server

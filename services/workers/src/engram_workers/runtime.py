@@ -36,8 +36,14 @@ import asyncio
 import signal
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+    suppress,
+)
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -271,10 +277,6 @@ class Delivery(Generic[S, R]):
         return self.worker.retry_policy.gives_up(self.age_s, self.attempt)
 
     @property
-    def retrieval(self) -> RetrievalClient:
-        return self.worker.retrieval
-
-    @property
     def memories(self) -> MemoryPort:
         """The retrieval port: memories in domain types; failures raise RetrievalError,
         which the runtime retries or dead-letters by its ``retryable`` flag."""
@@ -338,15 +340,38 @@ class WorkerSpec(Generic[E, S, R]):
         return f"engram-{self.name}"
 
 
+#: Opens the memories a worker reads and writes, for as long as it runs.
+MemoryPortFactory = Callable[["WorkerSettings"], AbstractAsyncContextManager[MemoryPort]]
+
+
+@asynccontextmanager
+async def retrieval_port(settings: WorkerSettings) -> AsyncIterator[MemoryPort]:
+    """The retrieval service's memories over gRPC (the channel closed on the way out)."""
+    client = RetrievalClient(settings.retrieval_address, keepalive_s=settings.grpc_keepalive_s)
+    try:
+        yield MemoryPort(client)
+    finally:
+        await client.close()
+
+
 class Worker(Generic[E, S, R]):
     """One worker process: a FastStream app around one durable pull consumer.
 
     Build it inside the event loop; :meth:`serve` runs it until a stop event.
     """
 
-    def __init__(self, spec: WorkerSpec[E, S, R], settings: S) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec[E, S, R],
+        settings: S,
+        *,
+        memory_port: MemoryPortFactory = retrieval_port,
+    ) -> None:
+        """``memory_port``: where memories come from, the retrieval service unless a
+        caller (a test) hands in another port."""
         self.spec = spec
         self.settings = settings
+        self._memory_port = memory_port
         self.retry_policy: RetryPolicy = settings.retry_policy
         self.dlq_subject = dlq_subject(spec.name)
         self.broker = make_broker(
@@ -355,7 +380,6 @@ class Worker(Generic[E, S, R]):
             graceful_timeout=settings.shutdown_grace_s,
             apply_types=False,
         )
-        self._retrieval: RetrievalClient | None = None
         self._memories: MemoryPort | None = None
         self._resources_stack = AsyncExitStack()
         self._resources: R | None = None
@@ -388,12 +412,6 @@ class Worker(Generic[E, S, R]):
         )
 
     # -- what handlers use ---------------------------------------------------------
-
-    @property
-    def retrieval(self) -> RetrievalClient:
-        if self._retrieval is None:
-            raise RuntimeError(f"worker {self.spec.name!r} has no retrieval client")
-        return self._retrieval
 
     @property
     def resources(self) -> R:
@@ -456,10 +474,10 @@ class Worker(Generic[E, S, R]):
             "nats": await self.broker.ping(timeout=1.0),
         }
         if self.spec.uses_retrieval:
-            client = self._retrieval
+            memories = self._memories
             # A probe every few seconds is not a trace anyone wants to read.
             with suppress_instrumentation():
-                serving = client is not None and await client.is_serving(timeout_s=1.0)
+                serving = memories is not None and await memories.is_serving(timeout_s=1.0)
             checks["retrieval"] = serving
         if self.spec.readiness is not None and self._resources is not None:
             checks.update(self.spec.readiness(self._resources))
@@ -508,13 +526,13 @@ class Worker(Generic[E, S, R]):
             "consumer", lambda: ensure_consumer(self.settings.nats_url, self.consumer_config())
         )
         if self.spec.uses_retrieval:
-            self._retrieval = RetrievalClient(
-                self.settings.retrieval_address, keepalive_s=self.settings.grpc_keepalive_s
+            # Closed after the resources (the stack unwinds last in, first out).
+            self._memories = await self._resources_stack.enter_async_context(
+                self._memory_port(self.settings)
             )
-            self._memories = MemoryPort(self._retrieval)
             # Consuming sooner would only nack the first messages and wait out their
             # backoff: a turn said just after start-up would be learned seconds late.
-            await self._retrieval.until_serving()
+            await self._memories.until_serving()
         if self.spec.resources is not None:
             self._resources = await self._resources_stack.enter_async_context(
                 self.spec.resources(self)
@@ -587,10 +605,7 @@ class Worker(Generic[E, S, R]):
             self._heartbeat_task = None
         await self._resources_stack.aclose()
         self._resources = None
-        if self._retrieval is not None:
-            await self._retrieval.close()
-            self._retrieval = None
-            self._memories = None
+        self._memories = None
         if self.health is not None:
             await self.health.stop()
 
