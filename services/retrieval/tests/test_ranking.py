@@ -331,3 +331,76 @@ def test_the_pool_grows_with_top_k_only_up_to_its_cap() -> None:
     assert RankingParams(top_k=25, candidate_multiplier=5, max_pool=50).pool_size == 50
     assert RankingParams(top_k=80, candidate_multiplier=5, max_pool=50).pool_size == 80
     assert RankingParams(top_k=1, candidate_multiplier=1, small_store_size=5).pool_size == 6
+
+
+# --- the linear fusion -------------------------------------------------------------------
+
+
+def test_reciprocal_ranks_give_equal_values_the_same_rank() -> None:
+    from engram_retrieval.ranking import reciprocal_ranks
+
+    ranks = reciprocal_ranks(np.array([0.5, 0.0, 0.0, 0.9, 0.5]))
+    np.testing.assert_allclose(ranks, [10 / 11, 10 / 13, 10 / 13, 1.0, 10 / 11])
+
+
+def test_speakers_are_named_as_whole_words_in_any_case() -> None:
+    from engram_retrieval.ranking import speakers_named
+
+    named = speakers_named("What did caroline tell Al's sister?", ["Caroline", "Al", "Mel", ""])
+    assert named.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert speakers_named("Is it also true?", ["Al"]).tolist() == [0.0]
+
+
+def test_session_strength_is_the_mean_of_a_session_s_two_best() -> None:
+    from engram_retrieval.ranking import session_strength
+
+    base = np.array([0.9, 0.1, 0.5, 0.3, 0.4])
+    sessions = ["a", "a", "a", "b", None]
+    np.testing.assert_allclose(session_strength(base, sessions), [0.7, 0.7, 0.7, 0.3, 0.4])
+
+
+def test_linear_fusion_stays_on_the_pool_s_cosine_range() -> None:
+    from engram_retrieval.ranking import FusionWeights, linear_fusion
+
+    dense = np.array([0.62, 0.40, 0.21, 0.33])
+    fused = linear_fusion(
+        dense, FusionWeights(), sparse=[None, 3.0, 8.0, 1.0], late=[0.4, 0.8, None, 0.5]
+    )
+    assert fused.min() == pytest.approx(0.21) and fused.max() == pytest.approx(0.62)
+    flat = linear_fusion(np.array([0.5, 0.5]), FusionWeights(dense_rank=0.0, dense=0.0))
+    np.testing.assert_allclose(flat, [0.5, 0.5])  # nothing to order by: the cosine
+
+
+def test_a_memory_more_similar_by_any_signal_never_ranks_lower() -> None:
+    from engram_retrieval.ranking import FusionWeights, linear_fusion
+
+    for field in FusionWeights.__dataclass_fields__:
+        assert getattr(FusionWeights(), field) >= 0.0, field
+    # two memories equal in everything but the cosine: the closer one ranks first
+    fused = linear_fusion(np.array([0.5, 0.6]), FusionWeights(), sparse=[2.0, 2.0])
+    assert fused[1] > fused[0]
+
+
+def test_the_query_naming_the_speaker_lifts_that_speaker_s_turn() -> None:
+    from engram_retrieval.ranking import FusionWeights, linear_fusion
+
+    dense = np.array([0.50, 0.49, 0.30])
+    plain = linear_fusion(dense, FusionWeights())
+    assert plain[0] > plain[1]
+    named = linear_fusion(dense, FusionWeights(), speaker_named=np.array([0.0, 1.0, 0.0]))
+    assert named[1] > named[0]
+
+
+def test_a_turn_beside_a_strong_match_of_its_session_is_lifted() -> None:
+    from engram_retrieval.ranking import FusionWeights, linear_fusion
+
+    # c and d are equally similar; d was said the same day as a, the best match
+    dense = np.array([0.70, 0.20, 0.45, 0.45])
+    sessions = [
+        ("conv", "2024-05-01"),
+        ("conv", "2024-04-01"),
+        ("conv", "2024-03-01"),
+        ("conv", "2024-05-01"),
+    ]
+    fused = linear_fusion(dense, FusionWeights(), sessions=sessions)
+    assert fused[3] > fused[2]

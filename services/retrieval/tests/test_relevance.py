@@ -41,7 +41,7 @@ def test_cross_encoder_ignores_the_query_segment(tiny_reranker: TinyReranker) ->
 
 
 def test_calibrated_similarity_constants() -> None:
-    scorer = CalibratedSimilarityScorer()
+    scorer = CalibratedSimilarityScorer(fusion="chain")
     assert (scorer.slope, scorer.midpoint) == (14.0, 0.30)
     # sigmoid(14 * (cos - 0.3)): 0.5 at the midpoint, 1/(1+e^0.49) at 0.335, ...
     np.testing.assert_allclose(
@@ -53,14 +53,14 @@ def test_calibrated_similarity_constants() -> None:
 
 def test_calibrated_similarity_fuses_bm25_when_given() -> None:
     assert CalibratedSimilarityScorer().lexical_weight == 0.5
-    scorer = CalibratedSimilarityScorer(lexical_weight=0.3)
+    scorer = CalibratedSimilarityScorer(lexical_weight=0.3, fusion="chain")
     # fused similarity [.48, .40, .32] (see test_ranking), then sigmoid(14 * (x - .3))
     scores = scorer.score(
         "q", ["a", "b", "c"], PoolSignals(np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0])
     )
     np.testing.assert_allclose(scores, sigmoid(14.0 * (np.array([0.48, 0.40, 0.32]) - 0.3)))
     np.testing.assert_allclose(scores, [0.925532, 0.802184, 0.569546], atol=1e-6)
-    cosine_only = CalibratedSimilarityScorer(lexical_weight=0.0)
+    cosine_only = CalibratedSimilarityScorer(lexical_weight=0.0, fusion="chain")
     np.testing.assert_allclose(
         cosine_only.score(
             "q", ["a", "b", "c"], PoolSignals(np.array([0.6, 0.4, 0.2]), [None, 5.0, 10.0])
@@ -98,7 +98,7 @@ def test_calibrated_similarity_composes_every_signal_in_order() -> None:
     adjacency = (np.array([-1, 0, -1, -1]), np.array([1, -1, -1, -1]))
     in_window = np.array([False, False, True, False])
     scorer = CalibratedSimilarityScorer(
-        lexical_weight=0.3, late_weight=0.6, context_weight=0.2, date_weight=0.4
+        lexical_weight=0.3, late_weight=0.6, context_weight=0.2, date_weight=0.4, fusion="chain"
     )
     x = fused_similarity(dense, sparse, 0.3)
     x = late_fused_similarity(x, late, 0.6)
@@ -115,3 +115,34 @@ def test_calibrated_similarity_composes_every_signal_in_order() -> None:
     # the defaults are the tuned ones (docs/benchmarks.md)
     default = CalibratedSimilarityScorer()
     assert (default.late_weight, default.context_weight, default.date_weight) == (0.85, 0.2, 0.2)
+
+
+def test_the_default_fusion_is_linear_and_keeps_the_cosine_calibration() -> None:
+    from engram_retrieval.ranking import FusionWeights, linear_fusion
+
+    scorer = CalibratedSimilarityScorer()
+    assert scorer.fusion == "linear"
+    dense = np.array([0.30, 0.335, 0.247])
+    scores = scorer.score("q", ["a", "b", "c"], PoolSignals(dense))
+    # the best cosine keeps its calibrated relevance, the worst its own: only the
+    # order in between comes from the fusion
+    np.testing.assert_allclose(scores[[1, 2]], [0.620106, 0.322567], atol=1e-6)
+    np.testing.assert_allclose(
+        scores, sigmoid(14.0 * (linear_fusion(dense, FusionWeights()) - 0.3))
+    )
+    assert np.argsort(-scores).tolist() == [1, 0, 2]
+
+
+def test_the_linear_fusion_leaves_out_a_signal_whose_weight_is_zero() -> None:
+    dense = np.array([0.6, 0.5, 0.4])
+    late = [0.1, 0.9, 0.2]
+    signals = PoolSignals(dense, late=late)
+    with_late = CalibratedSimilarityScorer().score("q", list("abc"), signals)
+    assert int(np.argmax(with_late)) == 1  # MaxSim lifts the second
+    no_late = CalibratedSimilarityScorer(late_weight=0.0).score("q", list("abc"), signals)
+    assert np.argsort(-no_late).tolist() == [0, 1, 2]  # the cosine's order
+
+
+def test_an_unknown_fusion_is_refused() -> None:
+    with pytest.raises(ValueError, match="fusion"):
+        CalibratedSimilarityScorer(fusion="sum")  # type: ignore[arg-type]

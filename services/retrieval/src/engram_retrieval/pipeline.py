@@ -61,6 +61,7 @@ from engram_retrieval.ranking import (
     pools_complete,
     rank,
     recency,
+    speakers_named,
     total_score,
 )
 from engram_retrieval.relevance import PoolSignals, RelevanceScorer
@@ -174,6 +175,18 @@ def display_text(payload: dict[str, Any]) -> str:
             profile.get("category", ""), profile.get("key", ""), profile.get("value", "")
         )
     return ""
+
+
+def _session(c: Candidate) -> tuple[str, str] | None:
+    """A turn's session: its conversation and the UTC day it was said."""
+    if c.kind != "turn":
+        return None
+    return (c.owner[1], c.created_at.astimezone(UTC).date().isoformat())
+
+
+def _speaker(c: Candidate) -> str:
+    metadata = c.payload.payload.get("metadata") or {}
+    return str(metadata.get("speaker") or "")
 
 
 def _turn_position(c: Candidate) -> tuple[str, int] | None:
@@ -392,7 +405,15 @@ class SearchPipeline:
         adjacency = adjacent_turns([_turn_position(c) for c in candidates])
         window = query_window(query.text, now)
         in_window = np.array([c.created_at in window for c in candidates]) if window else None
-        signals = PoolSignals(dense, sparse, late, adjacency, in_window)
+        signals = PoolSignals(
+            dense,
+            sparse,
+            late,
+            adjacency,
+            in_window,
+            sessions=[_session(c) for c in candidates],
+            speaker_named=speakers_named(query.text, [_speaker(c) for c in candidates]),
+        )
         texts = [c.text for c in candidates]
         if self.scorer.runs_model:
             relevance = await asyncio.to_thread(self.scorer.score, query.text, texts, signals)

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -192,6 +193,150 @@ def late_fused_similarity(
         return base
     lo, hi = float(base.min()), float(base.max())
     return lo + (hi - lo) * ((1.0 - late_weight) * f + late_weight * l_)
+
+
+# linear: every signal in one weighted sum (the default); chain: the fused similarity,
+# then MaxSim, neighbours and date windows one after another (the earlier ranking).
+Fusion = Literal["linear", "chain"]
+FUSIONS: tuple[Fusion, ...] = ("linear", "chain")
+
+
+@dataclass(frozen=True)
+class FusionWeights:
+    """Weights of :func:`linear_fusion`, one per signal of the pool (all in [0, 1]).
+
+    Tuned on LoCoMo's development half only (a logistic fit, then coordinate ascent on
+    R@10 of the default pipeline; docs/benchmarks.md). Every weight is at least 0, so a
+    memory never ranks lower for being more similar by any signal: the relative signals
+    (min-max over the pool) carry the size of a difference, the rank signals its order.
+    """
+
+    dense: float = 0.0
+    lexical: float = 0.26
+    late: float = 4.45
+    dense_rank: float = 0.35
+    lexical_rank: float = 1.04
+    late_rank: float = 1.64
+    neighbour: float = 2.07
+    session: float = 3.85
+    speaker: float = 1.77
+    date_window: float = 0.51
+
+
+#: Reciprocal-rank offset of the rank signals: ``k / (k + rank)``, rank 0 the best.
+RANK_OFFSET = 10.0
+
+
+def reciprocal_ranks(values: np.ndarray) -> np.ndarray:
+    """``k / (k + rank)`` of each value, rank 0 the largest; equal values share the
+    better rank (so the order of the pool never matters), and the best reads 1.0."""
+    v = np.asarray(values, dtype=np.float64)
+    descending = -np.sort(v)[::-1]
+    ranks = np.searchsorted(descending, -v, side="left").astype(np.float64)
+    out: np.ndarray = RANK_OFFSET / (RANK_OFFSET + ranks)
+    return out
+
+
+def _spread(values: np.ndarray) -> np.ndarray:
+    spread = minmax(values)
+    return np.zeros_like(values, dtype=np.float64) if spread is None else spread
+
+
+def session_strength(base: np.ndarray, sessions: Sequence[object | None]) -> np.ndarray:
+    """Per candidate, the mean of the two best ``base`` scores of its session (itself
+    included; a candidate without a session, or alone in it, reads its own score)."""
+    best: dict[object, list[float]] = {}
+    for value, session in zip(base, sessions, strict=True):
+        if session is not None:
+            best.setdefault(session, []).append(float(value))
+    top2 = {key: float(np.mean(sorted(vals, reverse=True)[:2])) for key, vals in best.items()}
+    return np.array(
+        [float(v) if s is None else top2[s] for v, s in zip(base, sessions, strict=True)],
+        dtype=np.float64,
+    )
+
+
+def linear_fusion(
+    dense: Sequence[float] | np.ndarray,
+    weights: FusionWeights,
+    *,
+    sparse: Sequence[float | None] | None = None,
+    late: Sequence[float | None] | None = None,
+    adjacency: tuple[np.ndarray, np.ndarray] | None = None,
+    sessions: Sequence[object | None] | None = None,
+    speaker_named: np.ndarray | None = None,
+    in_window: np.ndarray | None = None,
+) -> np.ndarray:
+    """Every signal of the pool fused by one weighted sum, in cosine units.
+
+    Signals, each in [0, 1] over the pool: min-max of the cosine, BM25 (missing: 0) and
+    MaxSim (missing: the pool's lowest), the reciprocal ranks of the three
+    (:func:`reciprocal_ranks`), the better neighbouring turn's and the session's
+    strength (:func:`session_strength`) of a base score (``0.15·mean(cos, bm25) +
+    0.85·maxsim`` in min-max units, the fused similarity's weights), whether the query
+    names the memory's speaker, and whether it was said in the query's date window. A
+    signal that is absent (None) leaves its terms out. ``f = Σ wᵢ·signalᵢ`` is mapped
+    onto the pool's cosine range like :func:`fused_similarity` (the best candidate gets
+    the best cosine), so the cosine calibration still applies; a flat ``f`` returns the
+    cosine unchanged.
+    """
+    cos = np.asarray(dense, dtype=np.float64)
+    n = cos.size
+    if n == 0:
+        return cos
+    d = _spread(cos)
+    terms = [weights.dense * d, weights.dense_rank * reciprocal_ranks(cos)]
+    parts = [d]
+    if sparse is not None:
+        bm25 = np.array([0.0 if v is None else max(0.0, v) for v in sparse], dtype=np.float64)
+        if bm25.shape != cos.shape:
+            raise ValueError(f"need one BM25 score per cosine ({cos.shape}), got {bm25.shape}")
+        s = _spread(bm25)
+        terms += [weights.lexical * s, weights.lexical_rank * reciprocal_ranks(bm25)]
+        parts.append(s)
+    base = np.mean(parts, axis=0)
+    if late is not None:
+        if len(late) != n:
+            raise ValueError(f"need one late score per candidate ({n}), got {len(late)}")
+        known = [v for v in late if v is not None]
+        if known:
+            floor = min(known)
+            scores = np.array([floor if v is None else v for v in late], dtype=np.float64)
+            lt = _spread(scores)
+            terms += [weights.late * lt, weights.late_rank * reciprocal_ranks(scores)]
+            base = 0.15 * base + 0.85 * lt
+    if adjacency is not None:
+        padded = np.append(base, 0.0)  # index -1 reads the 0 appended here
+        terms.append(weights.neighbour * np.maximum(padded[adjacency[0]], padded[adjacency[1]]))
+    if sessions is not None:
+        terms.append(weights.session * session_strength(base, sessions))
+    if speaker_named is not None:
+        terms.append(weights.speaker * np.asarray(speaker_named, dtype=np.float64))
+    if in_window is not None:
+        terms.append(weights.date_window * np.asarray(in_window, dtype=np.float64))
+    f = minmax(np.sum(terms, axis=0))
+    if f is None:
+        return cos
+    lo, hi = float(cos.min()), float(cos.max())
+    fused: np.ndarray = lo + (hi - lo) * f
+    return fused
+
+
+def speakers_named(query: str, speakers: Sequence[str]) -> np.ndarray:
+    """1.0 for each memory whose speaker the query names (a whole word, any case; an
+    empty speaker never matches): "What did Caroline say about…" favours Caroline's
+    turns."""
+    lowered = query.casefold()
+    found: dict[str, bool] = {}
+    out = np.zeros(len(speakers), dtype=np.float64)
+    for i, speaker in enumerate(speakers):
+        name = speaker.strip().casefold()
+        if not name:
+            continue
+        if name not in found:
+            found[name] = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", lowered) is not None
+        out[i] = 1.0 if found[name] else 0.0
+    return out
 
 
 def adjacent_turns(keys: Sequence[tuple[str, int] | None]) -> tuple[np.ndarray, np.ndarray]:

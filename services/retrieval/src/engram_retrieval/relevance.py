@@ -18,9 +18,13 @@ import numpy as np
 
 from engram_retrieval.embedder import create_session, encodings_to_inputs
 from engram_retrieval.ranking import (
+    FUSIONS,
+    Fusion,
+    FusionWeights,
     context_smoothed,
     fused_similarity,
     late_fused_similarity,
+    linear_fusion,
     sigmoid,
     window_boosted,
 )
@@ -38,6 +42,8 @@ class PoolSignals:
     late: Sequence[float | None] | None = None  # mean MaxSim over the query's tokens
     adjacency: Adjacency | None = None  # where its neighbouring turns are in the pool
     in_window: np.ndarray | None = None  # said within a date window the query names
+    sessions: Sequence[object | None] | None = None  # a turn's (conversation, day)
+    speaker_named: np.ndarray | None = None  # the query names who said it
 
 
 class RelevanceScorer(Protocol):
@@ -105,7 +111,13 @@ class CalibratedSimilarityScorer:
         late_weight: float = LATE_WEIGHT,
         context_weight: float = CONTEXT_WEIGHT,
         date_weight: float = DATE_WEIGHT,
+        fusion: Fusion = "linear",
+        fusion_weights: FusionWeights | None = None,
     ) -> None:
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {FUSIONS} (got {fusion!r})")
+        self.fusion = fusion
+        self.fusion_weights = fusion_weights or FusionWeights()
         self.slope = slope
         self.midpoint = midpoint
         self.lexical_weight = lexical_weight
@@ -127,6 +139,8 @@ class CalibratedSimilarityScorer:
         and, when enabled, for memories said in the query's date window
         (:func:`~engram_retrieval.ranking.window_boosted`). Each step stays on the
         pool's cosine range, so the calibration holds."""
+        if self.fusion == "linear":
+            return sigmoid(self.slope * (self._linear(signals) - self.midpoint))
         x = np.asarray(signals.dense, dtype=np.float64)
         if signals.sparse is not None and self.lexical_weight > 0.0:
             x = fused_similarity(x, signals.sparse, self.lexical_weight)
@@ -137,6 +151,20 @@ class CalibratedSimilarityScorer:
         if signals.in_window is not None and self.date_weight > 0.0:
             x = window_boosted(x, signals.in_window, self.date_weight)
         return sigmoid(self.slope * (x - self.midpoint))
+
+    def _linear(self, signals: PoolSignals) -> np.ndarray:
+        """:func:`~engram_retrieval.ranking.linear_fusion` of the pool's signals; a signal
+        whose chain weight is 0 (``ENGRAM_SEARCH_*_WEIGHT``) is left out, as in the chain."""
+        return linear_fusion(
+            signals.dense,
+            self.fusion_weights,
+            sparse=signals.sparse if self.lexical_weight > 0.0 else None,
+            late=signals.late if self.late_weight > 0.0 else None,
+            adjacency=signals.adjacency if self.context_weight > 0.0 else None,
+            sessions=signals.sessions if self.context_weight > 0.0 else None,
+            speaker_named=signals.speaker_named,
+            in_window=signals.in_window if self.date_weight > 0.0 else None,
+        )
 
 
 class CrossEncoderScorer:

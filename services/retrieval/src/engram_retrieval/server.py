@@ -82,6 +82,7 @@ def load_scorer(settings: RetrievalSettings) -> RelevanceScorer:
             late_weight=settings.search_late_weight,
             context_weight=settings.search_context_weight,
             date_weight=settings.search_date_weight,
+            fusion=settings.search_fusion,
         )
     return CrossEncoderScorer(
         settings.reranker_path,

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 
 from engram_core.settings import EngramSettings
 from engram_core.urls import without_credentials
+from engram_retrieval.ranking import Fusion
 
 RERANKER_FILES = ("model.onnx", "tokenizer.json")
 EMBEDDER_FILES = RERANKER_FILES
@@ -42,6 +43,15 @@ class RetrievalSettings(EngramSettings):
         default=None,
         description="Directory with a cross-encoder's model.onnx and tokenizer.json. "
         "Unset: relevance is the calibrated bi-encoder similarity.",
+    )
+    search_fusion: Fusion = Field(
+        default="linear",
+        description="Fallback scorer: how the pool's signals are combined. linear: one "
+        "weighted sum of every signal (cosine, BM25 and MaxSim with their ranks, "
+        "neighbouring turns, the session, a speaker the query names, date windows; "
+        "weights tuned on LoCoMo dev, docs/retrieval.md); chain: the earlier ranking "
+        "(fused similarity, then MaxSim, neighbours and date windows in turn). A *_WEIGHT "
+        "of 0 leaves its signal out of either.",
     )
     search_lexical_weight: float = Field(
         default=0.5,
@@ -186,7 +196,7 @@ class RetrievalSettings(EngramSettings):
         "interaction re-orders a deep pool; docs/benchmarks.md).",
     )
     candidate_pool_max: int = Field(
-        default=50,
+        default=100,
         ge=1,
         le=5000,
         description="The most candidates fetched per scope and source, never fewer than "
@@ -253,7 +263,7 @@ class RetrievalSettings(EngramSettings):
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip() == "" else value
 
-    @field_validator("search_candidates", "embed_quantization", mode="before")
+    @field_validator("search_candidates", "search_fusion", "embed_quantization", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
