@@ -141,7 +141,7 @@ def turn_hit(
     return hit(text, kind="turn", role=role, id=f"t-{index}", turn_index=index, **extra)
 
 
-def test_turns_said_one_after_the_other_share_one_date_line(
+def test_turns_of_one_conversation_and_day_share_one_date_line(
     hit: Callable[..., SearchHit],
 ) -> None:
     result = SearchResult(
@@ -153,21 +153,25 @@ def test_turns_said_one_after_the_other_share_one_date_line(
             turn_hit(hit, "Miso, after the soup.", 9, "user"),
             # the same conversation and turn distance, but another day: its own note
             turn_hit(hit, "Miso is sick.", 10, "user", created_at=datetime(2025, 3, 5)),
+            # the first day again, later that day: the first note, after a gap
+            turn_hit(hit, "She sleeps all day.", 14, "user"),
         ],
     )
     text = render_memory(result, now=NOW)
     assert text is not None
     notes = text.split("(most relevant first):\n", 1)[1].splitlines()
     assert notes == [
-        "1. [2025-03-04] 3 turns in a row:",
+        "1. [2025-03-04] 4 turns of one conversation:",
         '   user said: "I adopted a cat."',
         '   assistant said: "What is its name?"',
         '   user said: "Miso, after the soup."',
+        "   …",
+        '   user said: "She sleeps all day."',
         '2. [2025-03-04] fact: "User has a cat called Miso."',
         '3. [2025-03-05] user said: "Miso is sick."',
     ]
-    # the budget counts a grouped note as it is rendered: exactly this budget holds all five
-    assert len(within_budget(result, estimate_tokens(text), now=NOW)) == 5
+    # the budget counts a grouped note as it is rendered: exactly this budget holds all six
+    assert len(within_budget(result, estimate_tokens(text), now=NOW)) == 6
 
 
 def test_a_forged_turn_inside_a_group_stays_one_quoted_string(

@@ -334,13 +334,12 @@ def _hit_line(number: int, memory: MemoryRecord) -> str:
     return f"{number}. [{_day(memory.created_at)}] {_hit_label(memory)}: {text}"
 
 
-def _neighbours(a: MemoryRecord, b: MemoryRecord) -> bool:
-    """Turns said one after the other in one conversation on one day: read together."""
-    # cheapest tests first: a budget compares every kept hit with every new one
+def _same_session(a: MemoryRecord, b: MemoryRecord) -> bool:
+    """Turns of one conversation said on one day: read as one note under one date line."""
+    # cheapest tests first: a budget compares every kept hit with every note
     return (
         a.kind == b.kind
         and _is_message(a)
-        and abs(a.turn_index - b.turn_index) == 1
         and a.conversation_id == b.conversation_id
         and a.user_id == b.user_id
         and not is_corrected(a.metadata)
@@ -349,9 +348,9 @@ def _neighbours(a: MemoryRecord, b: MemoryRecord) -> bool:
     )
 
 
-def _adjacent_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:
-    """The hits as notes, in rank order: a turn joins the note of a better-ranked turn it
-    directly follows or precedes; a note's turns are in the order they were said."""
+def _session_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:
+    """The hits as notes, in rank order: a turn joins the note of a better-ranked turn of
+    the same conversation and day; a note's turns are in the order they were said."""
     groups: list[list[MemoryRecord]] = []
     for memory in memories:
         home = _home(groups, memory)
@@ -364,16 +363,23 @@ def _adjacent_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord
 
 
 def _home(groups: Sequence[list[MemoryRecord]], memory: MemoryRecord) -> list[MemoryRecord] | None:
-    """The first note holding a turn said right before or after ``memory``."""
-    return next((g for g in groups if any(_neighbours(memory, m) for m in g)), None)
+    """The first note of turns of the same conversation and day as ``memory``."""
+    return next((g for g in groups if _same_session(memory, g[0])), None)
 
 
 def _group_lines(number: int, group: Sequence[MemoryRecord]) -> list[str]:
+    """One line for a lone hit; a note of several turns is one date line, then a quoted
+    line per turn in the order said, with ``…`` where turns between them were not
+    recalled."""
     if len(group) == 1:
         return [_hit_line(number, group[0])]
     first = group[0]
-    heading = f"{number}. [{_day(first.created_at)}] {len(group)} turns in a row:"
-    return [heading, *(f"   {_speaker(m)} said: {quoted(m.text)}" for m in group)]
+    lines = [f"{number}. [{_day(first.created_at)}] {len(group)} turns of one conversation:"]
+    for previous, memory in zip([None, *group], group, strict=False):
+        if previous is not None and memory.turn_index - previous.turn_index > 1:
+            lines.append("   …")
+        lines.append(f"   {_speaker(memory)} said: {quoted(memory.text)}")
+    return lines
 
 
 def _profile_line(memory: MemoryRecord) -> str:
@@ -441,7 +447,7 @@ def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) ->
     lines = _attached_lines(result, now)
     if hits:
         lines += ["", _hits_heading(result, in_window)]
-        for number, group in enumerate(_adjacent_groups([h.memory for h in hits]), start=1):
+        for number, group in enumerate(_session_groups([h.memory for h in hits]), start=1):
             lines += _group_lines(number, group)
     elif nothing_relevant:
         lines += ["", "No stored memory is relevant to this message."]
