@@ -116,9 +116,15 @@ CONFIGS = {
             needs_reranker=True,
         ),
         Config(
+            "chain",
+            "the default ranking before the linear fusion: fused similarity, then MaxSim, "
+            "neighbouring turns and date windows in turn (ENGRAM_SEARCH_FUSION=chain)",
+            {"ENGRAM_SEARCH_FUSION": "chain"},
+        ),
+        Config(
             "default",
-            "the service as configured (defaults: hybrid + MaxSim + neighbouring turns, recency "
-            "weight 0.02, MMR λ 0.9)",
+            "the service as configured (defaults: hybrid candidates, every signal in one linear "
+            "fusion, recency weight 0.02, MMR λ 0.9)",
         ),
     )
 }
