@@ -404,3 +404,26 @@ def test_a_turn_beside_a_strong_match_of_its_session_is_lifted() -> None:
     ]
     fused = linear_fusion(dense, FusionWeights(), sessions=sessions)
     assert fused[3] > fused[2]
+
+
+def test_mmr_picks_the_same_without_the_candidates_it_cannot_reach() -> None:
+    from engram_retrieval.ranking import mmr_reachable, mmr_select
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n, k = int(rng.integers(2, 60)), int(rng.integers(1, 30))
+        totals = rng.random(n)
+        vectors = rng.normal(size=(n, 8))
+        lam = float(rng.choice([0.5, 0.7, 0.9, 1.0]))
+        full = [i for i, _ in mmr_select(totals, vectors, lam, k)]
+        mask = mmr_reachable(totals, lam, k)
+        where = np.flatnonzero(mask)
+        pruned = [int(where[j]) for j, _ in mmr_select(totals[mask], vectors[mask], lam, k)]
+        assert pruned == full
+    # a clear gap leaves the far candidates out
+    assert mmr_reachable(np.array([0.9, 0.85, 0.2, 0.1]), 0.9, 2).tolist() == [
+        True,
+        True,
+        False,
+        False,
+    ]

@@ -496,6 +496,19 @@ def cosine_matrix(vectors: np.ndarray) -> np.ndarray:
     return cosines
 
 
+def mmr_reachable(totals: np.ndarray, mmr_lambda: float, top_k: int) -> np.ndarray:
+    """A mask of the candidates MMR could pick among its first ``top_k``: the others
+    need no vector. A pick's objective lies in ``[λ·total - (1 - λ), λ·total]`` (the
+    penalty is a largest cosine, floored at 0), so a candidate below ``λ·t_k - (1 - λ)``,
+    ``t_k`` the k-th best total, loses to each of the k best at every step."""
+    totals = np.asarray(totals, dtype=np.float64)
+    if top_k >= totals.size:
+        return np.ones(totals.size, dtype=bool)
+    kth = float(np.partition(totals, -top_k)[-top_k])
+    reachable: np.ndarray = mmr_lambda * totals >= mmr_lambda * kth - (1.0 - mmr_lambda)
+    return reachable
+
+
 def mmr_select(
     totals: np.ndarray, vectors: np.ndarray, mmr_lambda: float, top_k: int
 ) -> list[tuple[int, float]]:
@@ -570,6 +583,7 @@ def rank(
     keep = np.flatnonzero(threshold_mask(rel, params.score_threshold))
     if keep.size == 0:
         return RankingResult(Outcome.NOTHING_RELEVANT, considered=n)
+    keep = keep[mmr_reachable(tot[keep], params.mmr_lambda, params.top_k)]
     # Equal objectives go to the smaller id, whatever order the store returned them in.
     keep = keep[np.argsort([candidates[int(i)].id for i in keep], kind="stable")]
     vectors = np.stack([np.asarray(candidates[int(i)].vector, dtype=np.float64) for i in keep])
