@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from engram_core.kinds import find_kind
@@ -214,13 +214,24 @@ def within_budget(
     spent = sum(estimate_tokens(line) for line in fixed)
     groups: list[list[MemoryRecord]] = []
     kept: list[SearchHit] = []
+    # a note's lines are re-costed as it grows: each line is estimated once
+    estimates: dict[str, int] = {}
+
+    def lines_cost(lines: Sequence[str]) -> int:
+        return sum(
+            estimates[line]
+            if line in estimates
+            else estimates.setdefault(line, estimate_tokens(line))
+            for line in lines
+        )
+
     for hit in result.hits:
         home = _home(groups, hit.memory)
         number = len(groups) + 1 if home is None else groups.index(home) + 1
         before = [] if home is None else home
         after = sorted([*before, hit.memory], key=lambda m: m.turn_index)
-        cost = _lines_cost(_group_lines(number, after)) - (
-            _lines_cost(_group_lines(number, before)) if before else 0
+        cost = lines_cost(_group_lines(number, after)) - (
+            lines_cost(_group_lines(number, before)) if before else 0
         )
         if spent + cost > max_tokens:
             break
@@ -231,10 +242,6 @@ def within_budget(
             groups[number - 1] = after
         kept.append(hit)
     return kept
-
-
-def _lines_cost(lines: Sequence[str]) -> int:
-    return sum(estimate_tokens(line) for line in lines)
 
 
 # --- describing what was found --------------------------------------------------------
@@ -342,10 +349,14 @@ def _same_session(a: MemoryRecord, b: MemoryRecord) -> bool:
         and _is_message(a)
         and a.conversation_id == b.conversation_id
         and a.user_id == b.user_id
+        and _date(a.created_at) == _date(b.created_at)
         and not is_corrected(a.metadata)
         and not is_corrected(b.metadata)
-        and _day(a.created_at) == _day(b.created_at)
     )
+
+
+def _date(value: datetime | None) -> date | None:
+    return value.date() if value else None
 
 
 def _session_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord]]:
