@@ -17,7 +17,7 @@ from engram_retrieval.relevance import (
 )
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
-    from conftest import TinyReranker
+    from .conftest import TinyReranker
 
 
 def test_cross_encoder_scores_are_sigmoid_of_pair_logits(tiny_reranker: TinyReranker) -> None:
@@ -117,30 +117,35 @@ def test_calibrated_similarity_composes_every_signal_in_order() -> None:
     assert (default.late_weight, default.context_weight, default.date_weight) == (0.85, 0.2, 0.2)
 
 
-def test_the_default_fusion_is_linear_and_keeps_the_cosine_calibration() -> None:
+def test_the_linear_fusion_orders_and_the_calibrated_similarity_decides() -> None:
     from engram_retrieval.ranking import FusionWeights, linear_fusion
 
     scorer = CalibratedSimilarityScorer()
     assert scorer.fusion == "linear"
     dense = np.array([0.30, 0.335, 0.247])
-    scores = scorer.score("q", ["a", "b", "c"], PoolSignals(dense))
-    # the best cosine keeps its calibrated relevance, the worst its own: only the
-    # order in between comes from the fusion
-    np.testing.assert_allclose(scores[[1, 2]], [0.620106, 0.322567], atol=1e-6)
+    signals = PoolSignals(dense)
+    # what the threshold decides on: the chain's calibrated similarity, as before
+    chain = CalibratedSimilarityScorer(fusion="chain")
     np.testing.assert_allclose(
-        scores, sigmoid(14.0 * (linear_fusion(dense, FusionWeights()) - 0.3))
+        scorer.score("q", list("abc"), signals), chain.score("q", list("abc"), signals)
     )
-    assert np.argsort(-scores).tolist() == [1, 0, 2]
+    assert chain.order("q", list("abc"), signals) is None
+    order = scorer.order("q", list("abc"), signals)
+    assert order is not None
+    np.testing.assert_allclose(order, sigmoid(14.0 * (linear_fusion(dense, FusionWeights()) - 0.3)))
+    # the best cosine keeps its calibrated value, the worst its own
+    np.testing.assert_allclose(order[[1, 2]], [0.620106, 0.322567], atol=1e-6)
+    assert np.argsort(-order).tolist() == [1, 0, 2]
 
 
 def test_the_linear_fusion_leaves_out_a_signal_whose_weight_is_zero() -> None:
     dense = np.array([0.6, 0.5, 0.4])
     late = [0.1, 0.9, 0.2]
     signals = PoolSignals(dense, late=late)
-    with_late = CalibratedSimilarityScorer().score("q", list("abc"), signals)
-    assert int(np.argmax(with_late)) == 1  # MaxSim lifts the second
-    no_late = CalibratedSimilarityScorer(late_weight=0.0).score("q", list("abc"), signals)
-    assert np.argsort(-no_late).tolist() == [0, 1, 2]  # the cosine's order
+    with_late = CalibratedSimilarityScorer().order("q", list("abc"), signals)
+    assert with_late is not None and int(np.argmax(with_late)) == 1  # MaxSim lifts it
+    no_late = CalibratedSimilarityScorer(late_weight=0.0).order("q", list("abc"), signals)
+    assert no_late is not None and np.argsort(-no_late).tolist() == [0, 1, 2]
 
 
 def test_an_unknown_fusion_is_refused() -> None:

@@ -358,7 +358,7 @@ class SearchPipeline:
 
         with self.tracer.start_as_current_span("rerank", attributes=attrs) as span:
             t = time.perf_counter()
-            relevance, scorer_name, late_used = await self._relevance(
+            relevance, order, scorer_name, late_used = await self._relevance(
                 query, encoded.tokens, candidates, now
             )
             timings.rerank_ms = _ms(t)
@@ -369,7 +369,12 @@ class SearchPipeline:
         with self.tracer.start_as_current_span("mmr", attributes=attrs) as span:
             t = time.perf_counter()
             result = rank(
-                candidates, relevance, params, now, complete=pools_complete(pools, params.pool_size)
+                candidates,
+                relevance,
+                params,
+                now,
+                complete=pools_complete(pools, params.pool_size),
+                order=order,
             )
             timings.mmr_ms = _ms(t)
             span.set_attribute(semconv.ENGRAM_OUTCOME, result.outcome.value)
@@ -393,12 +398,14 @@ class SearchPipeline:
 
     async def _relevance(
         self, query: SearchQuery, tokens: np.ndarray, candidates: Sequence[Candidate], now: datetime
-    ) -> tuple[np.ndarray, str, bool]:
-        """(relevance per candidate, scorer name, whether MaxSim was used)."""
+    ) -> tuple[np.ndarray, np.ndarray | None, str, bool]:
+        """(relevance per candidate, the order among those that pass the threshold if
+        the scorer has its own, scorer name, whether MaxSim was used)."""
         if not candidates:
-            return np.zeros(0), self.scorer.name, False
+            return np.zeros(0), None, self.scorer.name, False
         if self.candidates == "lexical":
-            return lexical_relevance([c.sparse for c in candidates]), "bm25-relative", False
+            relevance = lexical_relevance([c.sparse for c in candidates])
+            return relevance, None, "bm25-relative", False
         dense = np.array([c.dense for c in candidates], dtype=np.float64)
         sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
         late = await self._late_scores(query.tenant, tokens, candidates)
@@ -419,7 +426,8 @@ class SearchPipeline:
             relevance = await asyncio.to_thread(self.scorer.score, query.text, texts, signals)
         else:
             relevance = self.scorer.score(query.text, texts, signals)
-        return relevance, self.scorer.name, signals.late is not None
+        order = self.scorer.order(query.text, texts, signals)
+        return relevance, order, self.scorer.name, signals.late is not None
 
     async def _late_scores(
         self, tenant: str, query_tokens: np.ndarray, candidates: Sequence[Candidate]

@@ -244,14 +244,15 @@ def _spread(values: np.ndarray) -> np.ndarray:
 
 def session_strength(base: np.ndarray, sessions: Sequence[object | None]) -> np.ndarray:
     """Per candidate, the mean of the two best ``base`` scores of its session (itself
-    included; a candidate without a session, or alone in it, reads its own score)."""
+    included; alone in it, its own score); a candidate without a session (not a turn)
+    reads 0: the signal is about a conversation, not about the memory itself."""
     best: dict[object, list[float]] = {}
     for value, session in zip(base, sessions, strict=True):
         if session is not None:
             best.setdefault(session, []).append(float(value))
     top2 = {key: float(np.mean(sorted(vals, reverse=True)[:2])) for key, vals in best.items()}
     return np.array(
-        [float(v) if s is None else top2[s] for v, s in zip(base, sessions, strict=True)],
+        [0.0 if s is None else top2[s] for s in sessions],
         dtype=np.float64,
     )
 
@@ -276,23 +277,28 @@ def linear_fusion(
     0.85·maxsim`` in min-max units, the fused similarity's weights), whether the query
     names the memory's speaker, and whether it was said in the query's date window. A
     signal that is absent (None) leaves its terms out. ``f = Σ wᵢ·signalᵢ`` is mapped
-    onto the pool's cosine range like :func:`fused_similarity` (the best candidate gets
-    the best cosine), so the cosine calibration still applies; a flat ``f`` returns the
-    cosine unchanged.
+    onto the pool's cosine range like :func:`fused_similarity`: a memory that would be
+    best by every signal of the pool at once gets the best cosine, one worst by every
+    signal the lowest. So a candidate ranked first by signals that disagree is not
+    called as relevant as the best cosine, and the cosine calibration (a threshold's
+    "nothing relevant") still applies; a flat ``f`` returns the cosine unchanged.
     """
     cos = np.asarray(dense, dtype=np.float64)
     n = cos.size
     if n == 0:
         return cos
     d = _spread(cos)
-    terms = [weights.dense * d, weights.dense_rank * reciprocal_ranks(cos)]
+    terms: list[tuple[float, np.ndarray]] = [
+        (weights.dense, d),
+        (weights.dense_rank, reciprocal_ranks(cos)),
+    ]
     parts = [d]
     if sparse is not None:
         bm25 = np.array([0.0 if v is None else max(0.0, v) for v in sparse], dtype=np.float64)
         if bm25.shape != cos.shape:
             raise ValueError(f"need one BM25 score per cosine ({cos.shape}), got {bm25.shape}")
         s = _spread(bm25)
-        terms += [weights.lexical * s, weights.lexical_rank * reciprocal_ranks(bm25)]
+        terms += [(weights.lexical, s), (weights.lexical_rank, reciprocal_ranks(bm25))]
         parts.append(s)
     base = np.mean(parts, axis=0)
     if late is not None:
@@ -303,22 +309,24 @@ def linear_fusion(
             floor = min(known)
             scores = np.array([floor if v is None else v for v in late], dtype=np.float64)
             lt = _spread(scores)
-            terms += [weights.late * lt, weights.late_rank * reciprocal_ranks(scores)]
+            terms += [(weights.late, lt), (weights.late_rank, reciprocal_ranks(scores))]
             base = 0.15 * base + 0.85 * lt
     if adjacency is not None:
         padded = np.append(base, 0.0)  # index -1 reads the 0 appended here
-        terms.append(weights.neighbour * np.maximum(padded[adjacency[0]], padded[adjacency[1]]))
+        terms.append((weights.neighbour, np.maximum(padded[adjacency[0]], padded[adjacency[1]])))
     if sessions is not None:
-        terms.append(weights.session * session_strength(base, sessions))
+        terms.append((weights.session, session_strength(base, sessions)))
     if speaker_named is not None:
-        terms.append(weights.speaker * np.asarray(speaker_named, dtype=np.float64))
+        terms.append((weights.speaker, np.asarray(speaker_named, dtype=np.float64)))
     if in_window is not None:
-        terms.append(weights.date_window * np.asarray(in_window, dtype=np.float64))
-    f = minmax(np.sum(terms, axis=0))
-    if f is None:
+        terms.append((weights.date_window, np.asarray(in_window, dtype=np.float64)))
+    total = np.sum([w * signal for w, signal in terms], axis=0)
+    best = sum(w * float(signal.max()) for w, signal in terms)
+    worst = sum(w * float(signal.min()) for w, signal in terms)
+    if not float(total.max()) > float(total.min()) or not best > worst:
         return cos
     lo, hi = float(cos.min()), float(cos.max())
-    fused: np.ndarray = lo + (hi - lo) * f
+    fused: np.ndarray = lo + (hi - lo) * (total - worst) / (best - worst)
     return fused
 
 
@@ -550,8 +558,12 @@ def rank(
     now: datetime,
     *,
     complete: bool,
+    order: Sequence[float] | np.ndarray | None = None,
 ) -> RankingResult:
-    """Rank merged candidates. ``complete``: the pools held every memory in scope."""
+    """Rank merged candidates. ``complete``: the pools held every memory in scope.
+    ``order``: a relevance in the same units that ranks the candidates passing the
+    threshold (the linear fusion's); the threshold and each hit's reported relevance
+    stay ``relevance``'s."""
     n = len(candidates)
     if n == 0:
         return RankingResult(Outcome.EMPTY, considered=0)
@@ -559,8 +571,14 @@ def rank(
     if rel.shape != (n,):
         raise ValueError(f"need one relevance per candidate ({n}), got shape {rel.shape}")
     rel = demoted(rel, candidates, params.corrected_weight)
+    ranking = rel
+    if order is not None:
+        ranking = np.asarray(order, dtype=np.float64)
+        if ranking.shape != (n,):
+            raise ValueError(f"need one order value per candidate ({n}), got {ranking.shape}")
+        ranking = demoted(ranking, candidates, params.corrected_weight)
     rec = recency([c.created_at for c in candidates], now, params.half_life_days)
-    tot = total_score(rel, rec, params.recency_weight)
+    tot = total_score(ranking, rec, params.recency_weight)
 
     def scored(i: int, mmr: float = 0.0) -> ScoredCandidate:
         return ScoredCandidate(candidates[i], float(rel[i]), float(rec[i]), float(tot[i]), mmr)
