@@ -13,7 +13,8 @@ Given candidate pools (one per scope) and a relevance score per candidate:
    :mod:`engram_core.kinds`, pure data like this module);
 4. drop candidates whose relevance is below ``score_threshold``;
 5. ``recency = exp(-age_days / half_life_days)`` (future timestamps count as age 0);
-   ``total = (1 - w) * relevance + w * recency``;
+   ``total = (1 - w) * order + w * recency``, where ``order`` is the relevance unless
+   a separate order is given (the linear fusion's: it ranks, the relevance decides);
 6. MMR on embedding cosine: repeatedly pick ``argmax λ·total - (1 - λ)·max_sim(selected)``
    until ``top_k`` are selected; equal objectives go to the smaller id;
 7. a current fact is listed before the turns it was extracted from, and a current fact
