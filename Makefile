@@ -38,8 +38,18 @@ lint: install ## ruff (lint + format check), mypy (the types) and the generated-
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
+	$(MAKE) --no-print-directory mypy-tests
 	$(MAKE) --no-print-directory proto-check
 	$(MAKE) --no-print-directory workers-check
+
+# Every test folder in one run, with the packages' settings ([tool.mypy]): tests/ is on
+# the path for engram_testing, and a test module is named after its folder (several hold
+# a conftest.py). The .venv of tests/clients/litellm is LiteLLM's own, not test code.
+TEST_DIRS := tests $(wildcard services/*/tests libs/*/tests)
+
+.PHONY: mypy-tests
+mypy-tests: install ## mypy over the test code (every test folder; part of make lint)
+	MYPYPATH=tests $(PY) -m mypy --explicit-package-bases --exclude '/\.venv/' $(TEST_DIRS)
 
 .PHONY: proto
 proto: install ## regenerate the gRPC/protobuf code from proto/

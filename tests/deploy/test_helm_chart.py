@@ -88,8 +88,9 @@ def named(objects: list[Obj], kind: str, name: str) -> Obj:
     return matches[0]
 
 
-def component_of(obj: Obj) -> str | None:
-    return obj["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+def component_of(obj: Obj) -> str:
+    """The object's component label; "" where it has none."""
+    return obj["metadata"].get("labels", {}).get("app.kubernetes.io/component", "")
 
 
 def workloads(objects: list[Obj]) -> list[Obj]:

@@ -61,7 +61,7 @@ wait_for = functools.partial(eventually, interval_s=0.2)
 
 
 async def count_memories(
-    address: str, tenant: str, conversation_id: str, kind: int = pb.MEMORY_KIND_TURN
+    address: str, tenant: str, conversation_id: str, kind: pb.MemoryKind = pb.MEMORY_KIND_TURN
 ) -> int:
     """How many memories of one kind (turns by default) a conversation holds."""
     client = RetrievalClient(address)

@@ -13,6 +13,8 @@ from collections import defaultdict
 import httpx2
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
+from openai.types.shared_params import ResponseFormatJSONSchema
 
 from engram_cli.stack.scripted_llm import RuleBasedBrain
 from engram_cli.stack.up import Stack
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.e2e
 
 TENANT = "default"  # single-tenant local mode
 
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -38,7 +40,7 @@ TOOLS = [
         },
     }
 ]
-RESPONSE_FORMAT = {
+RESPONSE_FORMAT: ResponseFormatJSONSchema = {
     "type": "json_schema",
     "json_schema": {
         "name": "answer",
@@ -95,6 +97,7 @@ async def test_second_chat_recalls_the_first(
     assert sum(1 for m in messages if m["role"] == "system") == 1
 
     hits = second.to_dict()["memory_hits"]
+    assert isinstance(hits, list), hits
     assert any("hiking in the Alps" in hit["text"] for hit in hits)
     recalled = next(hit for hit in hits if "hiking in the Alps" in hit["text"])
     # the turn itself or the fact extracted from it, with its identity and time

@@ -174,7 +174,9 @@ def run_document(document: str, tmp_path: Path, **env: str) -> None:
     examples = runnable_examples(document)
     assert examples, f"{document} marks no example with <!-- run -->"
     brain = RuleBasedBrain(chat_reply="Noted.")
-    stack, upstream = start_stack(tmp_path / "data", replies=[brain], **env)
+    stack, upstream = start_stack(
+        tmp_path / "data", replies=[brain], process_per_worker=False, **env
+    )
     reader = Reader(stack, upstream, tmp_path, keys="ENGRAM_API_KEYS" in env)
     try:
         for example in examples:

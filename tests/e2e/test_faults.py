@@ -101,7 +101,7 @@ async def chat_stream(url: str, conversation: str, count: int, log: ChatLog) -> 
     async with httpx2.AsyncClient(base_url=url, timeout=30) as http:
         for n in range(count):
             text = f"Message number {n} of the {conversation} stream."
-            body = {"model": "m", "memory_id": conversation}
+            body: dict[str, object] = {"model": "m", "memory_id": conversation}
             body["messages"] = [{"role": "user", "content": text}]
             try:
                 reply = await http.post(CHAT, json=body)

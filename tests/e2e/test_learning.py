@@ -75,7 +75,7 @@ class Memory:
         assert reply.status_code == 200, reply.text
         return reply.json()
 
-    async def memories(self, kind: int, *, superseded: bool = False) -> list[pb.Memory]:
+    async def memories(self, kind: pb.MemoryKind, *, superseded: bool = False) -> list[pb.Memory]:
         client = RetrievalClient(self.stack.settings.retrieval_listen)
         try:
             found: list[pb.Memory] = []

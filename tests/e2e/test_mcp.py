@@ -121,7 +121,9 @@ async def test_tools_over_streamable_http_keep_tenants_apart(
         for tool in tools.values():
             assert tool.description and len(tool.description) > 60, tool.name
         assert tools["search_memory"].input_schema["required"] == ["query"]
-        assert tools["delete_memory"].annotations.destructive_hint is True
+        delete_annotations = tools["delete_memory"].annotations
+        assert delete_annotations is not None
+        assert delete_annotations.destructive_hint is True
 
         fact = await call(a, "remember_fact", text="User's bike is green.", tags=["bike"], **scope)
         found = await call(a, "search_memory", query="What colour is my bike?", **scope)

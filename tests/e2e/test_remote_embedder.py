@@ -82,6 +82,7 @@ async def test_a_chat_recalls_what_an_earlier_one_taught_through_the_remote_embe
     )
     await client.close()
     hits = second.to_dict()["memory_hits"]
+    assert isinstance(hits, list), hits
     assert any("peanut" in hit["text"].lower() for hit in hits), hits
     # the turns and the facts were embedded, and the question too, by the remote model
     assert embeddings.requests - asked_before >= 3

@@ -15,6 +15,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class OtlpHttpReceiver:
         raise AssertionError(f"no span from {service} arrived; got {self.spans}")
 
 
-def _service(resource: object) -> str:
+def _service(resource: Resource) -> str:
     for attribute in resource.attributes:
         if attribute.key == "service.name":
             return str(attribute.value.string_value)

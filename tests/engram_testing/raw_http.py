@@ -75,7 +75,7 @@ class RawConnection:
         return Reply(int(status_line.split()[1]), headers, body)
 
     async def _chunked_body(self, timeout_s: float) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size_line = await asyncio.wait_for(self.reader.readuntil(b"\r\n"), timeout_s)
             size = int(size_line.split(b";")[0], 16)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engram_cli.cli_common import WORKERS
 from engram_cli.stack.nats_server import free_port, free_port_block
 from engram_cli.stack.scripted_llm import Reply, RuleBasedBrain, ScriptedUpstream
-from engram_cli.stack.up import WORKERS, Stack, StackSettings
+from engram_cli.stack.up import Stack, StackSettings
 
 
 def stack_settings(data_dir: Path) -> StackSettings:

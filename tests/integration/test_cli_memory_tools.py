@@ -177,7 +177,9 @@ async def test_import_grpc_then_export_and_search(
         "alice",
         "trip",
     )
-    assert from_timestamp(dog.created_at).isoformat() == "2025-03-01T10:00:00+00:00"
+    dog_created_at = from_timestamp(dog.created_at)
+    assert dog_created_at is not None
+    assert dog_created_at.isoformat() == "2025-03-01T10:00:00+00:00"
     assert by_text["I live in Lisbon."].turn_index == 3  # content parts joined
     assert not await list_all(retrieval, "default")  # only the tenant named
     # every memory written is announced, so the mirror (and summarize, evict) keep it
@@ -275,7 +277,9 @@ async def test_import_locomo_is_detected(
     assert turns["D1:1"].text == "Caroline: I went to a support group."
     assert (turns["D1:2"].role, turns["D1:2"].conversation_id) == ("assistant", "conv-1")
     assert turns["D2:1"].user_id == "caroline"
-    assert from_timestamp(turns["D2:1"].created_at).isoformat() == "2023-05-09T19:00:00+00:00"
+    d2_created_at = from_timestamp(turns["D2:1"].created_at)
+    assert d2_created_at is not None
+    assert d2_created_at.isoformat() == "2023-05-09T19:00:00+00:00"
 
 
 # --- bad input ------------------------------------------------------------------------------

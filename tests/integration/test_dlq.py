@@ -218,6 +218,7 @@ async def test_a_replay_after_the_duplicate_window_keeps_the_event_id(nats_url: 
         assert await replay_dead_letter(js, stored) is ReplayOutcome.REPLAYED
         replayed = await js.get_last_msg(STREAM_NAME, event.subject)
         assert replayed.seq != original.seq
+        assert replayed.headers is not None and replayed.data is not None
         assert replayed.headers["Nats-Msg-Id"] == event.event_id
         assert replayed.headers["traceparent"] == "00-ab-cd-01"
         assert replayed.headers["Engram-Replay-Of"] == str(stored.id)

@@ -38,7 +38,9 @@ def legacy_summary_id(conversation: str) -> str:
     return str(uuid.uuid5(SUMMARY_NAMESPACE, f"{TENANT}\x1f{conversation}"))
 
 
-def memory(kind: int, text: str, user: str, conversation: str, minute: int, **fields) -> pb.Memory:
+def memory(
+    kind: pb.MemoryKind, text: str, user: str, conversation: str, minute: int, **fields
+) -> pb.Memory:
     return pb.Memory(
         kind=kind,
         text=text,

@@ -20,13 +20,14 @@ import httpx2
 import openai
 import pytest
 
+from engram_cli.cli_common import WORKERS
 from engram_cli.stack.scripted_llm import (
     RuleBasedBrain,
     ScriptedUpstream,
     UpstreamError,
     is_task_request,
 )
-from engram_cli.stack.up import WORKERS, Stack
+from engram_cli.stack.up import Stack
 from engram_testing.stack import start_stack
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import consumer_settled

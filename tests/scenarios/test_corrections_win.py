@@ -4,13 +4,19 @@ the old thing stops competing with the current fact, in any conversation of that
 from __future__ import annotations
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import Engram, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
-async def say(engram: Engram, text: str, conversation: str, history: list[dict] | None = None):
+async def say(
+    engram: Engram,
+    text: str,
+    conversation: str,
+    history: list[ChatCompletionMessageParam] | None = None,
+):
     client = engram.openai()
     reply = await client.chat.completions.create(
         model="scripted",
@@ -25,7 +31,7 @@ async def say(engram: Engram, text: str, conversation: str, history: list[dict] 
 async def test_a_correction_is_recalled_first_from_another_conversation(engram: Engram) -> None:
     await say(engram, "My wife's name is Anne.", "home")
     await engram.until_facts("gil", ["Anne"])
-    history = [
+    history: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": "My wife's name is Anne."},
         {"role": "assistant", "content": "Noted."},
     ]

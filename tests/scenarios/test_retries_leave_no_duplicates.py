@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import Engram
 
@@ -19,7 +20,7 @@ async def turns_saying(engram: Engram, user: str, text: str) -> int:
 async def test_a_retried_request_is_recorded_once(engram: Engram) -> None:
     question = "Where do I like to hike?"
     client = engram.openai()
-    messages = [{"role": "user", "content": question}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": question}]
     for request_id in ("first-try", "network-retry", "network-retry"):
         await client.chat.completions.create(
             model="scripted",
@@ -32,7 +33,11 @@ async def test_a_retried_request_is_recorded_once(engram: Engram) -> None:
     assert await turns_saying(engram, "hana", question) == 1
     # asked again later in the conversation, it is a new turn
     client = engram.openai()
-    later = [*messages, {"role": "assistant", "content": "Noted."}, *messages]
+    later: list[ChatCompletionMessageParam] = [
+        *messages,
+        {"role": "assistant", "content": "Noted."},
+        *messages,
+    ]
     await client.chat.completions.create(model="scripted", messages=later, user="hana")
     await client.close()
     await engram.settled()
@@ -43,7 +48,9 @@ async def test_a_retried_request_is_recorded_once(engram: Engram) -> None:
         model="scripted", messages=[{"role": "user", "content": "Hiking plans?"}], user="hana"
     )
     await client.close()
-    hits = [h["text"] for h in reply.to_dict()["memory_hits"]]
+    memory_hits = reply.to_dict()["memory_hits"]
+    assert isinstance(memory_hits, list), memory_hits
+    hits = [h["text"] for h in memory_hits]
     assert hits.count(question) <= 1
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from engram_cli.bench.corrections import summarize
 
 
 def test_the_old_turn_counts_against_a_correction_when_above_the_fact_or_alone() -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"fact_rank": 1, "old_turn_rank": 3, "old_above_fact": False},
         {"fact_rank": 2, "old_turn_rank": 1, "old_above_fact": True},
         {"fact_rank": None, "old_turn_rank": 2, "old_above_fact": True},  # the old one alone

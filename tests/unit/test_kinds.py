@@ -280,7 +280,7 @@ def test_recall_reads_the_labels_from_the_table(swap_rows: Callable[..., None]) 
 def test_evict_counts_and_orders_the_kinds_the_table_makes_evictable() -> None:
     evictable = kind_names(lambda k: k.eviction is not None)
     assert evictable == evict.COUNTED_KINDS
-    memories = {
+    memories: dict[str, list[MemoryRecord]] = {
         row.name: [record(row.name, id=f"{row.name}-{i}", superseded_by="") for i in range(2)]
         + [record(row.name, id=f"{row.name}-old", superseded_by="x")]
         for row in KINDS
@@ -312,7 +312,7 @@ async def test_only_a_new_memory_of_an_evictable_kind_triggers_a_count(
     swap_rows: Callable[..., None],
 ) -> None:
     async def triggering() -> set[str]:
-        found = set()
+        found: set[str] = set()
         for row in KINDS:
             memories = CountingMemories()
             delivery = SimpleNamespace(settings=SimpleNamespace(max_entries=10), memories=memories)

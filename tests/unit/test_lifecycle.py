@@ -90,6 +90,7 @@ def test_one_stored_state_is_one_event_id_however_it_is_described() -> None:
             category="preference", key="food", value="pizza", confidence=0.9, importance=0.5
         ),
     )
+    assert stored.profile is not None
     # the same state as the store gives it back: UTC, tags sorted and unique, float32
     as_read = stored.model_copy(
         update={

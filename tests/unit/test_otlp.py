@@ -15,6 +15,8 @@ from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
+from opentelemetry.sdk.metrics.export import MetricExporter
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from engram_core.otlp import metric_exporter, otlp_protocol, span_exporter
 from engram_core.settings import ConfigError
@@ -68,7 +70,12 @@ def test_a_protocol_the_exporters_do_not_speak_is_a_config_error(environ: dict[s
 
 def test_exporters_follow_the_protocol() -> None:
     http = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    exporters = [span_exporter(http), metric_exporter(http), span_exporter({}), metric_exporter({})]
+    exporters: list[SpanExporter | MetricExporter] = [
+        span_exporter(http),
+        metric_exporter(http),
+        span_exporter({}),
+        metric_exporter({}),
+    ]
     try:
         kinds = [HttpSpanExporter, HttpMetricExporter, GrpcSpanExporter, GrpcMetricExporter]
         for exporter, kind in zip(exporters, kinds, strict=True):

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from engram_cli.stack.up import ALL_WORKERS, WORKERS, Stack, StackSettings
+from engram_cli.cli_common import WORKERS
+from engram_cli.stack.up import ALL_WORKERS, Stack, StackSettings
 
 
 def names(stack: Stack) -> list[str]:

@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 
 from engram_cli.stack.nats_server import free_port
 from engram_client.mcp_tools import GatewayApi, build_mcp_server
+from engram_testing.mcp_results import tool_text
 
 
 @asynccontextmanager
@@ -36,7 +37,7 @@ async def test_an_unreachable_gateway_is_a_tool_error_naming_it() -> None:
 async def _unreachable_is_named(client: Client, url: str) -> None:
     result = await client.call_tool("search_memory", {"query": "anything"})
     assert result.is_error
-    text = result.content[0].text
+    text = tool_text(result)
     assert f"cannot reach the Engram gateway at {url}" in text
     with pytest.raises(MCPError, match="cannot reach the Engram gateway"):
         await client.read_resource("engram://users/alice/profile")
@@ -107,7 +108,7 @@ async def test_a_memory_id_that_is_not_a_uuid_never_becomes_a_path() -> None:
             for memory_id in ("../../v1/users", "x/../../users", "%2e%2e%2fusers", "a?b=c"):
                 result = await client.call_tool(tool, {"memory_id": memory_id, "text": "t"})
                 assert result.is_error, (tool, memory_id)
-                assert "is not a valid memory id (a UUID)" in result.content[0].text
+                assert "is not a valid memory id (a UUID)" in tool_text(result)
         assert paths == []
 
         spelled = "{ABCDEF01-2345-6789-ABCD-EF0123456789}"
@@ -119,7 +120,7 @@ async def test_a_memory_id_that_is_not_a_uuid_never_becomes_a_path() -> None:
 async def test_user_ids_are_normalised_before_any_call() -> None:
     async with recording() as (client, paths):
         blank = await client.call_tool("get_profile", {"user": "   "})
-        assert blank.is_error and "must not be blank" in blank.content[0].text
+        assert blank.is_error and "must not be blank" in tool_text(blank)
         assert paths == []
         profile = await client.call_tool("get_profile", {"user": " Jose\u0301 "})
         assert not profile.is_error

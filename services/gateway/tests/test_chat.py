@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from engram_cli.stack.nats_server import free_port
 from engram_core.events import TurnPersisted
 from engram_core.ids import turn_event_id
-from engram_core.memory import MemoryRecord, SearchHit, SearchResult
+from engram_core.memory import MemoryRecord, SearchHit, SearchOutcome, SearchResult
 from engram_gateway.settings import GatewaySettings
 from engram_testing.memory_store import InMemoryPort
 
@@ -150,7 +150,7 @@ async def test_hits_of_a_small_store_say_they_are_all_memories_not_relevant_ones
     client: httpx2.AsyncClient,
     memory_store: InMemoryPort,
     hit: Callable[..., SearchHit],
-    outcome: str,
+    outcome: SearchOutcome,
     marked: bool,
 ) -> None:
     """A small store's hits come back whatever their relevance (0.003, say): each says

@@ -5,7 +5,7 @@ reach them (with the real retrieval service)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,9 @@ async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
         yield running
 
 
-async def start_logged(start_gateway: StartGateway, **settings: Any) -> list[dict[str, Any]]:
+async def start_logged(
+    start_gateway: StartGateway, **settings: Any
+) -> list[MutableMapping[str, Any]]:
     """The gateway's log events from its start until the default tenant was counted."""
     with structlog.testing.capture_logs() as logs:
         await start_gateway(**settings)

@@ -44,7 +44,7 @@ SURROGATE_USER = (
 )
 
 # (method, path, body, status, code, param): one trigger each, on one keep-alive connection
-TRIGGERS = [
+TRIGGERS: list[tuple[str, str, object, int, str | None, str | None]] = [
     ("POST", CHAT, SURROGATE_CONTENT, 400, "invalid_json", "messages[0].content"),
     ("POST", CHAT, SURROGATE_USER, 400, "invalid_json", "user"),
     ("POST", CHAT, nested(1000), 400, "invalid_json", None),

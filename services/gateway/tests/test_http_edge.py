@@ -51,7 +51,8 @@ class EveryRequestUpstream(ScriptedUpstream):
 
 @pytest.fixture
 def scripted_upstream() -> Iterator[EveryRequestUpstream]:
-    upstream = EveryRequestUpstream().start()
+    upstream = EveryRequestUpstream()
+    upstream.start()
     try:
         yield upstream
     finally:

@@ -18,6 +18,7 @@ from engram_core.codec import pb, to_timestamp
 from engram_core.event_status import EventStatusStore
 from engram_core.ids import summary_memory_id
 from engram_gateway.keys import entry_for
+from engram_testing.mcp_results import tool_text
 from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
 from .conftest import JetStreamReader, RunningGateway, StartGateway
@@ -594,7 +595,7 @@ async def test_remember_fact_twice_keeps_one_fact_and_says_so(keyed: RunningGate
         first = await mcp.call_tool("remember_fact", args)
         second = await mcp.call_tool("remember_fact", args)
     assert not first.is_error and not second.is_error
-    created, repeated = json.loads(first.content[0].text), json.loads(second.content[0].text)
+    created, repeated = json.loads(tool_text(first)), json.loads(tool_text(second))
     assert created["duplicate_of"] is None
     assert repeated["id"] == repeated["duplicate_of"] == created["id"]
     listed = (await api_list(keyed, {"user": "dave"}))["data"]

@@ -220,7 +220,7 @@ async def test_memory_text_that_looks_like_markup_stays_text(
     browser: Browser, page_url: str
 ) -> None:
     sneaky = "<img src=x onerror=\"document.title='pwned'\"><b>bold</b>"
-    memory = {
+    memory: dict[str, object] = {
         "object": "memory", "id": "11111111-1111-1111-1111-111111111111", "kind": "fact",
         "text": sneaky, "role": "", "user_id": "alice", "conversation_id": "home",
         "tags": [], "created_at": "2026-11-24T10:00:00Z", "updated_at": None,

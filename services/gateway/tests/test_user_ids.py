@@ -30,6 +30,12 @@ FACT = "José's favourite colour is teal."
 NBSP = "\u00a0".encode()  # a header cannot start with an ASCII space; this one is blank too
 
 
+def auth_and_raw_header(name: str, value: bytes) -> list[tuple[bytes, bytes]]:
+    """AUTH and one header whose value goes on the wire as these bytes (httpx takes
+    headers all as str or all as bytes)."""
+    return [*((k.encode(), v.encode()) for k, v in AUTH.items()), (name.encode(), value)]
+
+
 @pytest.fixture
 async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
     async with running_retrieval(tmp_path / "retrieval") as running:
@@ -107,7 +113,9 @@ async def test_a_blank_user_is_refused_everywhere_and_nothing_is_stored_or_forwa
 ) -> None:
     refused = [
         await http.post(CHAT, json=_chat(user="   "), headers=AUTH),
-        await http.post(CHAT, json=_chat(), headers={**AUTH, "X-OpenWebUI-User-Id": NBSP}),
+        await http.post(
+            CHAT, json=_chat(), headers=auth_and_raw_header("X-OpenWebUI-User-Id", NBSP)
+        ),
         await http.post("/v1/memories", json={"text": FACT, "user": " "}, headers=AUTH),
         await http.post("/v1/memories/add", json={"text": FACT, "user": " "}, headers=AUTH),
         await http.post("/v1/memories/search", json={"query": "q", "user": " "}, headers=AUTH),
@@ -134,7 +142,7 @@ async def test_a_user_header_sent_as_utf8_recalls_that_users_memory(
     created = await http.post("/v1/memories", json={"text": FACT, "user": NFC}, headers=AUTH)
     assert created.status_code == 201, created.text
     # Open WebUI forwards the user in a header: UTF-8 bytes on the wire, here in NFD.
-    headers = [*AUTH.items(), ("X-OpenWebUI-User-Id", NFD.encode())]
+    headers = auth_and_raw_header("X-OpenWebUI-User-Id", NFD.encode())
     reply = await http.post(CHAT, json=_chat(), headers=headers)
     assert reply.status_code == 200, reply.text
     assert "teal" in _memory_message(scripted_upstream)

@@ -66,8 +66,10 @@ def test_quantized_vectors_stay_close_to_the_packaged_graphs(
     quantized, packaged = embedder.embed(TEXTS), packaged_embedder.embed(TEXTS)
     assert np.sum(quantized * packaged, axis=1) == pytest.approx([1.0] * len(TEXTS), abs=0.02)
     # and they rank alike: each text's nearest other text is the same in both
-    nearest = [np.argsort(-(v @ v.T), axis=1)[:, 1] for v in (quantized, packaged)]
-    np.testing.assert_array_equal(*nearest)
+    quantized_nearest, packaged_nearest = (
+        np.argsort(-(v @ v.T), axis=1)[:, 1] for v in (quantized, packaged)
+    )
+    np.testing.assert_array_equal(quantized_nearest, packaged_nearest)
 
 
 def test_a_text_gets_the_same_vector_alone_or_in_any_batch(embedder: Embedder) -> None:
@@ -132,8 +134,10 @@ def test_the_service_loads_the_embedder_its_settings_name(tmp_path: Path) -> Non
     from engram_retrieval.settings import RetrievalSettings
 
     packaged = load_embedder(RetrievalSettings(data_dir=tmp_path, embed_quantization="none"))
+    assert isinstance(packaged, Embedder)
     assert (packaged.model_id, packaged.batch_size) == (MODEL_ID, 32)
     quantized = load_embedder(RetrievalSettings(data_dir=tmp_path))
+    assert isinstance(quantized, Embedder)
     assert (quantized.model_id, quantized.batch_size) == (DYNAMIC_INT8_MODEL_ID, 1)
     assert [p.name for p in (tmp_path / "models").iterdir()] == [
         quantized_cache_path(default_model_files().model, tmp_path / "models").name

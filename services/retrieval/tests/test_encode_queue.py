@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
-from engram_retrieval.embedder import Embedder
+from engram_retrieval.embedder import Embedder, Encoded
 from engram_retrieval.encode_queue import EncodeQueue
 
 
@@ -21,16 +22,33 @@ class GatedEmbedder:
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
         self.model_id = embedder.model_id
+        self.dim = embedder.dim
         self.runs: list[list[str]] = []
         self.gate = threading.Event()
         self.gate.set()
         self.held: set[str] | None = None  # None: every run waits at the gate
 
-    def encode(self, texts: list[str]):
+    def encode(self, texts: Sequence[str]) -> list[Encoded]:
         self.runs.append(list(texts))
         if self.held is None or self.held & set(texts):
             self.gate.wait(timeout=30)
         return self.embedder.encode(texts)
+
+    # the rest of SentenceEncoder, ungated (the queue runs encode only)
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embedder.embed(texts)
+
+    def embed_one(self, text: str) -> np.ndarray:
+        return self.embedder.embed_one(text)
+
+    def encode_one(self, text: str) -> Encoded:
+        return self.embedder.encode_one(text)
+
+    def token_vectors(self, text: str) -> np.ndarray:
+        return self.embedder.token_vectors(text)
+
+    def close(self) -> None:
+        self.embedder.close()
 
 
 async def test_concurrent_requests_share_one_run_and_get_their_own_vectors(
@@ -96,7 +114,7 @@ async def test_a_failed_run_fails_its_callers_and_the_next_run_works(
     embedder: Embedder,
 ) -> None:
     class Failing(GatedEmbedder):
-        def encode(self, texts: list[str]):
+        def encode(self, texts: Sequence[str]) -> list[Encoded]:
             if "poison" in texts:
                 raise RuntimeError("model failed")
             return super().encode(texts)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import pytest
@@ -26,7 +26,7 @@ from engram_retrieval.settings import RetrievalSettings
 from engram_retrieval.store import MemoryStore, StoreError
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
-    from conftest import TinyReranker
+    from .conftest import TinyReranker
 
 FIXED_NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 FACTS = [
@@ -76,7 +76,7 @@ def fact(
     days_ago: float = 1.0,
     conversation: str = "c1",
     user: str = "u1",
-    **fields: object,
+    **fields: Any,
 ) -> pb.Memory:
     fields.setdefault("created_at", to_timestamp(FIXED_NOW - timedelta(days=days_ago)))
     return pb.Memory(
@@ -93,7 +93,12 @@ async def store_facts(client: RetrievalClient, tenant: str = "acme") -> list[str
     return [r.id for r in reply.results]
 
 
-async def expect_invalid(call: object, match: str) -> None:
+def span_attributes(exporter: InMemorySpanExporter) -> dict[str, Mapping[str, Any]]:
+    """The attributes of each finished span, by span name."""
+    return {s.name: s.attributes or {} for s in exporter.get_finished_spans()}
+
+
+async def expect_invalid(call: Awaitable[object], match: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await call
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -469,7 +474,8 @@ async def test_invalid_requests(client: RetrievalClient) -> None:
         client.search(pb.SearchRequest(tenant="a", query="x", score_threshold=2)), "score_threshold"
     )
     await expect_invalid(
-        client.search(pb.SearchRequest(tenant="a", query="x", kinds=[42])), "unknown memory kind 42"
+        client.search(pb.SearchRequest(tenant="a", query="x", kinds=[cast(pb.MemoryKind, 42)])),
+        "unknown memory kind 42",
     )
     await expect_invalid(client.search(pb.SearchRequest(tenant="a", query="  ")), "query")
     await expect_invalid(client.upsert(pb.UpsertRequest(memories=[fact("x")])), "tenant")
@@ -504,7 +510,9 @@ async def test_invalid_requests(client: RetrievalClient) -> None:
     )
     await expect_invalid(client.list(pb.ListRequest(tenant="a", page_size=-1)), "page_size")
     await expect_invalid(
-        client.count(pb.CountRequest(tenant="a", filter=pb.MemoryFilter(kinds=[9]))),
+        client.count(
+            pb.CountRequest(tenant="a", filter=pb.MemoryFilter(kinds=[cast(pb.MemoryKind, 9)]))
+        ),
         "unknown memory kind",
     )
 
@@ -574,13 +582,13 @@ async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpan
     await client.search(
         pb.SearchRequest(tenant="acme", user_id="u1", query="my dog", conversation_id="c1")
     )
-    spans = {s.name: s for s in span_exporter.get_finished_spans()}
+    spans = span_attributes(span_exporter)
     assert {"embed", "candidates", "rerank", "mmr"} <= set(spans)
-    assert spans["candidates"].attributes["engram.candidates"] == len(FACTS)
-    assert spans["rerank"].attributes["engram.scorer"] == "calibrated-similarity"
-    assert spans["mmr"].attributes["engram.outcome"] == "ranked"
-    assert spans["embed"].attributes["engram.tenant"] == "acme"
-    assert spans["candidates"].attributes["engram.lexical"] is True
+    assert spans["candidates"]["engram.candidates"] == len(FACTS)
+    assert spans["rerank"]["engram.scorer"] == "calibrated-similarity"
+    assert spans["mmr"]["engram.outcome"] == "ranked"
+    assert spans["embed"]["engram.tenant"] == "acme"
+    assert spans["candidates"]["engram.lexical"] is True
 
 
 async def store_facts_and_stop(server: RunningServer) -> list[str]:
@@ -732,12 +740,12 @@ async def test_search_candidate_sources_from_settings(
         )
         texts = [h.memory.text for h in result.hits]
         assert texts[0] == "The user drives a blue Toyota Corolla."
-        spans = {s.name: s for s in span_exporter.get_finished_spans()}
-        assert spans["candidates"].attributes["engram.candidate_sources"] == sources
+        spans = span_attributes(span_exporter)
+        assert spans["candidates"]["engram.candidate_sources"] == sources
         if sources == "dense":  # every memory is a dense neighbour; no BM25 scores
             assert len(texts) == len(FACTS)
             assert not any(h.scores.HasField("sparse") for h in result.hits)
-            assert spans["rerank"].attributes["engram.scorer"] == "calibrated-similarity"
+            assert spans["rerank"]["engram.scorer"] == "calibrated-similarity"
         else:  # only BM25 matches, ranked by BM25 relative to the best
             assert len(texts) < len(FACTS)
             sparse = [h.scores.sparse for h in result.hits]
@@ -745,7 +753,7 @@ async def test_search_candidate_sources_from_settings(
             assert result.hits[0].scores.relevance == pytest.approx(1.0)
             for hit in result.hits:
                 assert hit.scores.relevance == pytest.approx(hit.scores.sparse / sparse[0])
-            assert spans["rerank"].attributes["engram.scorer"] == "bm25-relative"
+            assert spans["rerank"]["engram.scorer"] == "bm25-relative"
     finally:
         await client.close()
         await running.stop(grace_s=0)

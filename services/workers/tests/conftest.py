@@ -50,7 +50,7 @@ class IngestHarness:
     workers: WorkerStack
 
     def settings(self, **overrides: object) -> IngestSettings:
-        values: dict[str, object] = {
+        values: dict[str, Any] = {
             **self.workers.common(),
             # There is no LLM here; extraction is tested against the real retrieval
             # service in test_extraction.py.

@@ -14,7 +14,6 @@ from engram_core.events import Event, MemoryChanged
 from engram_testing.waiting import eventually
 from engram_testing.worker_stack import (
     RealRetrieval,
-    RunningWorker,
     WorkerStack,
     changed,
     consumer_settled,
@@ -30,21 +29,24 @@ CONVERSATION = "c1"
 START = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 
 
-async def start_evict(workers: WorkerStack, max_entries: int, **overrides: Any) -> RunningWorker:
+async def start_evict(
+    monkeypatch: pytest.MonkeyPatch, workers: WorkerStack, max_entries: int, **overrides: Any
+) -> list[Event]:
+    """Starts an evict worker; the events it publishes are appended to the list returned."""
     values = {**workers.common(), "max_entries": max_entries, "lock_wait_s": 10.0, **overrides}
     running = await workers.start(EVICT, EvictSettings(**values))
-    running.published = []
+    published_events: list[Event] = []
     publish = running.worker.publish
 
     async def recording_publish(event: Event) -> Any:
-        running.published.append(event)
+        published_events.append(event)
         return await publish(event)
 
-    running.worker.publish = recording_publish
-    return running
+    monkeypatch.setattr(running.worker, "publish", recording_publish)
+    return published_events
 
 
-def memory(name: str, kind: int, second: int, **fields: Any) -> pb.Memory:
+def memory(name: str, kind: pb.MemoryKind, second: int, **fields: Any) -> pb.Memory:
     return pb.Memory(
         id=str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
         tenant=TENANT,
@@ -79,7 +81,7 @@ async def evicted_events(workers: WorkerStack) -> list[MemoryChanged]:
 
 
 async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_facts(
-    workers, retrieval, publisher
+    workers, retrieval, publisher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Ages interleave across classes, so the order below is the rule, not the clock.
     fact1 = memory("fact-1", pb.MEMORY_KIND_FACT, 1)
@@ -110,7 +112,7 @@ async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_fac
         retrieval, fact1, fact2, fact3, old1, old2, episode1, episode2, *turns, summary, profile
     )
     # 10 counted (3 turns, 2 superseded + 3 current facts, 2 episodes); keep 3
-    await start_evict(workers, max_entries=3)
+    await start_evict(monkeypatch, workers, max_entries=3)
     await publish_event(publisher, changed(TENANT, stored[turns[-1].id]))
 
     expected = [*turns, old1, old2, episode1, fact1]
@@ -137,9 +139,9 @@ async def test_eviction_order_turns_then_superseded_facts_then_episodes_then_fac
 
 
 async def test_a_turn_burst_keeps_the_newest_turns_and_facts_outlive_turns(
-    workers, retrieval, publisher
+    workers, retrieval, publisher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await start_evict(workers, max_entries=10)
+    await start_evict(monkeypatch, workers, max_entries=10)
     facts = [memory(f"fact-{i}", pb.MEMORY_KIND_FACT, 2 * i) for i in range(4)]
     for i in range(20):
         new = [memory(f"turn-{i}", pb.MEMORY_KIND_TURN, 2 * i + 1, role="user")]
@@ -161,7 +163,9 @@ async def test_a_turn_burst_keeps_the_newest_turns_and_facts_outlive_turns(
     )
 
 
-async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, publisher) -> None:
+async def test_two_replicas_evict_each_memory_exactly_once(
+    workers, retrieval, publisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
     deleted_calls: list[list[str]] = []
     store_delete = retrieval.server.store.delete
 
@@ -170,7 +174,10 @@ async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, p
         return await store_delete(tenant, ids)
 
     retrieval.server.store.delete = recording_delete
-    replicas = [await start_evict(workers, max_entries=10, worker_concurrency=4) for _ in range(2)]
+    published_by_replica = [
+        await start_evict(monkeypatch, workers, max_entries=10, worker_concurrency=4)
+        for _ in range(2)
+    ]
     turns = [memory(f"turn-{i}", pb.MEMORY_KIND_TURN, i, role="user") for i in range(40)]
     for start in range(0, 40, 8):  # bursts: eviction runs while turns keep arriving
         stored = await store(retrieval, *turns[start : start + 8])
@@ -184,14 +191,18 @@ async def test_two_replicas_evict_each_memory_exactly_once(workers, retrieval, p
     await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the acks")
     requested = [memory_id for call in deleted_calls for memory_id in call]
     assert sorted(requested) == sorted(t.id for t in turns[:30])  # each deleted once
-    announced = [e.memory.id for r in replicas for e in r.published]
+    announced = []
+    for events in published_by_replica:
+        for event in events:
+            assert isinstance(event, MemoryChanged), event
+            announced.append(event.memory.id)
     assert sorted(announced) == sorted(t.id for t in turns[:30])  # each announced once
     assert len(await evicted_events(workers)) == 30
     assert await dead_letter_count(workers.nats_url, "evict") == 0
 
 
 async def test_a_new_summary_or_profile_entry_evicts_nothing_a_new_turn_does(
-    workers, retrieval, publisher
+    workers, retrieval, publisher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Summaries and profile entries are exempt from the limit: their changes are not
     # even counted. The next turn finds the conversation over its limit.
@@ -212,7 +223,7 @@ async def test_a_new_summary_or_profile_entry_evicts_nothing_a_new_turn_does(
         profile=pb.ProfileEntry(category="identity", key="name", value="Ana", confidence=0.9),
     )
     stored = await store(retrieval, *turns, summary, profile)
-    await start_evict(workers, max_entries=2)
+    await start_evict(monkeypatch, workers, max_entries=2)
     await publish_event(publisher, changed(TENANT, stored[summary.id]))
     await publish_event(publisher, changed(TENANT, stored[profile.id]))
     await eventually(lambda: consumer_settled(workers.nats_url, "evict"), what="the acks")

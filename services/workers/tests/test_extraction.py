@@ -49,7 +49,7 @@ class Stack:
     broker: Any
 
     def settings(self, **overrides: object) -> IngestSettings:
-        values: dict[str, object] = {
+        values: dict[str, Any] = {
             **self.workers.common(),
             "llm_base_url": self.upstream.base_url,
             "llm_timeout_s": 2.0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ async def broker(nats_url: str):
         await running.stop()
 
 
-def llm(upstream: ScriptedUpstream) -> dict[str, object]:
+def llm(upstream: ScriptedUpstream) -> dict[str, Any]:
     return {"llm_base_url": upstream.base_url, "llm_timeout_s": 2.0, "llm_model": "small-model"}
 
 

@@ -105,9 +105,9 @@ async def test_engram_ingest_runs_continues_the_trace_and_stops_on_sigterm(
     output = log_path.read_text()
     assert SECRET_TEXT not in output
     lines = [json.loads(line) for line in output.splitlines()]  # every line is JSON
-    [indexed] = [line for line in lines if line["event"] == "turn.indexed"]
-    assert indexed["trace_id"] == TRACE_ID
-    assert (indexed["event_id"], indexed["tenant"]) == (event.event_id, "acme")
+    [indexed_line] = [line for line in lines if line["event"] == "turn.indexed"]
+    assert indexed_line["trace_id"] == TRACE_ID
+    assert (indexed_line["event_id"], indexed_line["tenant"]) == (event.event_id, "acme")
     assert lines[-1]["event"] == "worker.stopped"
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import cast
 
 from engram_core.events import TurnPersisted
 from engram_core.memory import MemoryRecord
-from engram_workers.ingest import is_repeat, turn_memory, turn_memory_id
+from engram_workers.ingest import IngestDelivery, is_repeat, turn_memory, turn_memory_id
 
 
 @dataclass
@@ -17,6 +18,11 @@ class SeenDelivery:
 
     attempt: int = 1
     replayed: bool = False
+
+
+def seen(attempt: int = 1, replayed: bool = False) -> IngestDelivery:
+    """A delivery as is_repeat sees it (the two fields it reads, nothing behind them)."""
+    return cast(IngestDelivery, SeenDelivery(attempt, replayed))
 
 
 def event(text: str = "I love pizza.", **fields: object) -> TurnPersisted:
@@ -55,14 +61,14 @@ def test_a_turn_is_one_memory_whatever_event_carries_it() -> None:
 
 def test_the_same_text_seen_again_in_a_new_message_is_a_repeat() -> None:
     stored: MemoryRecord = turn_memory(event())
-    assert is_repeat(event(event_id="retried"), stored, SeenDelivery())
-    assert not is_repeat(event(), None, SeenDelivery())  # not stored yet
-    assert not is_repeat(event("I love pasta."), stored, SeenDelivery())  # text changed
+    assert is_repeat(event(event_id="retried"), stored, seen())
+    assert not is_repeat(event(), None, seen())  # not stored yet
+    assert not is_repeat(event("I love pasta."), stored, seen())  # text changed
 
 
 def test_a_redelivery_a_replay_or_a_reextraction_is_never_a_repeat() -> None:
     # the first delivery may have stopped half-way; these must finish the work
     stored = turn_memory(event())
-    assert not is_repeat(event(), stored, SeenDelivery(attempt=2))
-    assert not is_repeat(event(), stored, SeenDelivery(replayed=True))
-    assert not is_repeat(event(reextract=True), stored, SeenDelivery())
+    assert not is_repeat(event(), stored, seen(attempt=2))
+    assert not is_repeat(event(), stored, seen(replayed=True))
+    assert not is_repeat(event(reextract=True), stored, seen())

@@ -4,7 +4,7 @@ asks with, against a fake client: which model, and what each failure becomes."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from pydantic import BaseModel
@@ -17,6 +17,7 @@ from engram_workers.llm import (
     Answered,
     AskLlm,
     FellBack,
+    LlmClient,
     LlmOutputError,
     LlmRequestError,
     LlmUnavailable,
@@ -24,20 +25,39 @@ from engram_workers.llm import (
 )
 from engram_workers.runtime import DependencyUnavailable, PermanentError
 
+M = TypeVar("M", bound=BaseModel)
 
-class FakeClient:
-    """Stands in for :class:`LlmClient`: answers or raises, and records the calls."""
+
+class FakeClient(LlmClient):
+    """Stands in for :class:`LlmClient` (no HTTP client): answers or raises, and records
+    the calls."""
 
     def __init__(self, default_model: str = "", outcome: object = None) -> None:
         self.default_model = default_model
         self.outcome = outcome
         self.calls: list[dict[str, Any]] = []
 
-    async def structured(self, **call: Any) -> BaseModel:
-        self.calls.append(call)
+    async def structured(
+        self,
+        *,
+        task: str,
+        model: str,
+        instructions: str,
+        payload: dict[str, Any],
+        schema: type[M],
+    ) -> M:
+        self.calls.append(
+            {
+                "task": task,
+                "model": model,
+                "instructions": instructions,
+                "payload": payload,
+                "schema": schema,
+            }
+        )
         if isinstance(self.outcome, Exception):
             raise self.outcome
-        return call["schema"].model_validate(self.outcome or {"decisions": []})
+        return schema.model_validate(self.outcome or {"decisions": []})
 
 
 def reconcile_input() -> prompts.ReconcileInput:

@@ -63,7 +63,9 @@ async def test_a_long_holder_keeps_its_lock_past_the_ttl(nats_url) -> None:
                 pass
 
 
-async def test_waiters_in_one_process_queue_locally_not_on_the_bucket(nats_url) -> None:
+async def test_waiters_in_one_process_queue_locally_not_on_the_bucket(
+    nats_url, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Four messages of one conversation handled at once by one worker: each takes the
     bucket's lock once, in turn, instead of all four polling it."""
     async with KeyLocks.connect(nats_url) as locks:
@@ -75,7 +77,7 @@ async def test_waiters_in_one_process_queue_locally_not_on_the_bucket(nats_url) 
             attempts += 1
             return await create(*args, **kwargs)
 
-        locks._kv.create = counted_create
+        monkeypatch.setattr(locks._kv, "create", counted_create)
         order: list[int] = []
 
         async def work(i: int) -> None:

@@ -4,13 +4,14 @@ and batched git commits; hand edits → memory.edited; no echo of its own writes
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
 import re
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -371,7 +372,9 @@ async def test_oversized_and_out_of_range_files_are_reported_once_and_skipped(
             assert edit.memory.text == "An old fact."
             assert edit.memory.created_at == datetime(999, 6, 1, tzinfo=UTC)
             for path in ("acme/c1/facts/huge.md", "acme/c1/facts/late.md", "acme/c1/facts/far.md"):
-                await eventually(lambda p=path: mirror.tree.known.get(p), what=f"{path} seen")
+                await eventually(
+                    functools.partial(mirror.tree.known.get, path), what=f"{path} seen"
+                )
             await asyncio.sleep(2.5)  # a retry tick of the watcher passes: still nothing
             assert len(await published(nats_url, MemoryEdited)) == 1
         reports = [e for e in logs if e["event"] == "mirror.malformed_file"]
@@ -661,7 +664,7 @@ def unblock(fifos: list[Path], done: threading.Event) -> None:
                 os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
-def unsafe_reports(logs: list[dict[str, Any]]) -> dict[str, str]:
+def unsafe_reports(logs: list[MutableMapping[str, Any]]) -> dict[str, str]:
     return {e["path"]: e["reason"] for e in logs if e["event"] == "mirror.unsafe_path"}
 
 

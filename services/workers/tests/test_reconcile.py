@@ -25,6 +25,7 @@ from engram_core.bus import make_broker, publish_event
 from engram_core.codec import from_timestamp, pb
 from engram_core.event_status import EventStatusStore
 from engram_core.events import FactProposed, MemoryChanged, TurnPersisted, deterministic_event_id
+from engram_core.ids import fact_memory_id
 from engram_core.memory import ProposedProfileFact
 from engram_core.near_duplicates import specifics
 from engram_core.retrieval_client import RetrievalClient
@@ -41,7 +42,6 @@ from engram_testing.worker_stack import (
 from engram_workers.ingest import INGEST, IngestSettings, turn_memory_id
 from engram_workers.reconcile import RECONCILE, ReconcileSettings
 from engram_workers.reconcile.app import reconcile_facts
-from engram_workers.reconcile.core import fact_memory_id
 from engram_workers.runtime import Delivery, RetryableError
 
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ class Stack:
     broker: Any
 
     def settings(self, **overrides: object) -> ReconcileSettings:
-        values: dict[str, object] = {
+        values: dict[str, Any] = {
             **self.workers.common(),
             "max_deliver": 4,
             "llm_base_url": self.upstream.base_url,
@@ -304,7 +304,10 @@ async def test_a_less_confident_profile_value_never_replaces_a_surer_one(stack: 
     )
     [active] = search.profile
     assert (active.text, active.profile.key) == ("identity/name: Robert", "name")
-    ops = [(c.op, c.memory.profile.value, c.cause) for c in await stack.changes()]
+    ops = []
+    for change in await stack.changes():
+        assert change.memory.profile is not None, change
+        ops.append((change.op, change.memory.profile.value, change.cause))
     assert ops == [
         ("created", "Robert", "reconcile:profile"),
         ("created", "Bob", "reconcile:profile"),

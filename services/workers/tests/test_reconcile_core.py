@@ -5,9 +5,11 @@ pin each rule on its own."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from engram_core.events import FactProposed
+from engram_core.ids import fact_memory_id
 from engram_core.memory import MemoryRecord, ProposedProfileFact
 from engram_core.near_duplicates import normalise_text
 from engram_testing.fake_llm import FakeAsk
@@ -130,8 +132,8 @@ def context(
     p: FactProposed,
     *,
     similar: dict[str, dict[str, float]] | None = None,
-    neighbours: list[MemoryRecord] = (),
-    stored: list[MemoryRecord] = (),
+    neighbours: Sequence[MemoryRecord] = (),
+    stored: Sequence[MemoryRecord] = (),
 ) -> core.FactContext:
     return core.FactContext(
         proposal=p,
@@ -189,9 +191,7 @@ def test_a_statement_true_again_after_being_replaced_gets_a_new_version() -> Non
     )
     [created] = plan.changes
     assert created.record.id != first.id
-    assert created.record.id == core.fact_memory_id(
-        "acme", "alice", "c1", "User loves pizza", "turn-9"
-    )
+    assert created.record.id == fact_memory_id("acme", "alice", "c1", "User loves pizza", "turn-9")
 
 
 def test_an_update_naming_the_same_statement_changes_nothing() -> None:
@@ -250,7 +250,8 @@ def test_a_new_value_supersedes_the_old_and_the_same_value_said_surer_is_raised(
         again, proposal(profile=[profile_entry("lisbon", 0.95)]), [held("Lisbon", 0.8)], {}
     )
     [raised] = again.changes
-    assert raised.op == "updated" and raised.record.profile.confidence == 0.95
+    assert raised.op == "updated" and raised.record.profile is not None
+    assert raised.record.profile.confidence == 0.95
 
 
 # --- replay -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats
 import pytest
@@ -28,7 +29,7 @@ async def stream_config(nats_url: str) -> StreamConfig:
         await nc.close()
 
 
-async def add_stream(nats_url: str, **config: object) -> None:
+async def add_stream(nats_url: str, **config: Any) -> None:
     nc = await nats.connect(nats_url)
     try:
         await nc.jetstream().add_stream(StreamConfig(name=STREAM_NAME, **config))

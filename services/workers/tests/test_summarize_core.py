@@ -121,6 +121,7 @@ async def test_the_model_is_asked_for_the_numbered_window() -> None:
     assert written.text == "The user greeted the assistant."
     [question] = ask.asked
     assert question.params == {"first_turn": 7, "last_turn": 8, "max_chars": 500}
+    assert isinstance(question.payload, prompts.EpisodeInput)
     assert [t.n for t in question.payload.turns] == [7, 8]
 
 
