@@ -178,8 +178,8 @@ def display_text(payload: dict[str, Any]) -> str:
 
 
 def _session(c: Candidate) -> tuple[str, str] | None:
-    """A turn's session: its conversation and the UTC day it was said."""
-    if c.kind != "turn":
+    """A chat message's session: its conversation and the UTC day it was said."""
+    if _turn_position(c) is None:
         return None
     return (c.owner[1], c.created_at.astimezone(UTC).date().isoformat())
 
