@@ -204,6 +204,14 @@ async def test_a_chat_is_one_trace_across_every_process(
 
         await wait_for(second_turn_traced, 45, what="turn 2 traced, reconcile LLM included")
 
+    # A child span is written when it ends, before its parent does: a worker still busy
+    # with turn 1 (a late Get from the mirror, say) can leave a snapshot with a parent
+    # not yet written. Read once every turn's trace has settled.
+    async def every_trace_settled() -> bool:
+        spans = read_spans(spans_file)
+        return all(parents_resolved(spans_of(spans, t)) for t in turn_traces(spans))
+
+    await wait_for(every_trace_settled, 30, what="every span's parent written")
     spans = read_spans(spans_file)
     by_trace: dict[str, set[str]] = defaultdict(set)
     for span in spans:
