@@ -168,6 +168,9 @@ async def engram(
             retrieval_address=retrieval.address,
             llm_base_url=scripted_upstream.base_url,
             gateway_port=free_port(),
+            # An election on a loaded 2-core CI machine once outlasted the default 15 s;
+            # what is asserted is that publishes retry through it, not how fast it ends.
+            publish_retry_s=45.0,
         )
         try:
             async with serving(create_app(settings), settings.gateway_port) as url:
