@@ -18,6 +18,8 @@ depends on what it was batched with.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import importlib.util
 import logging
@@ -217,6 +219,27 @@ def quantize_dynamic_int8(model: Path) -> bytes:
         return quantized.read_bytes()
 
 
+def _quantized_and_trimmed(model: Path) -> bytes:
+    quantized = quantize_dynamic_int8(model)
+    return_freed_memory()
+    return quantized
+
+
+def return_freed_memory() -> None:
+    """Give the heap the quantizer freed back to the system. glibc keeps freed memory
+    for reuse, and the quantizer's copies of the graph are about 125 MB that a
+    serving process never needs again: without this a first start stays at 370 MB
+    resident where a start from the cache holds 245 MB (docs/benchmarks.md,
+    footprint). A no-op where the C library has no ``malloc_trim``."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return
+    if trim is not None:
+        trim(0)
+
+
 def quantized_cache_path(model: Path, cache_dir: Path) -> Path:
     """Where the dynamically quantized copy of ``model`` is cached: named by the source
     model's SHA-256 and the onnxruntime version (whose quantizer made it)."""
@@ -228,11 +251,11 @@ def cached_quantize_dynamic_int8(model: Path, cache_dir: Path | None) -> Path | 
     made now (:func:`quantize_dynamic_int8`) and stored there for the next start. A
     cache that cannot be written costs only the next start's quantizing."""
     if cache_dir is None:
-        return quantize_dynamic_int8(model)
+        return _quantized_and_trimmed(model)
     cached = quantized_cache_path(model, cache_dir)
     if cached.is_file():
         return cached
-    quantized = quantize_dynamic_int8(model)
+    quantized = _quantized_and_trimmed(model)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         # written under another name and renamed: a reader never sees half a model
@@ -241,7 +264,9 @@ def cached_quantize_dynamic_int8(model: Path, cache_dir: Path | None) -> Path | 
         os.replace(part.name, cached)
     except OSError as exc:
         log.warning("embedder.quantized_cache_unwritable", path=str(cached), error=str(exc))
-    return quantized
+        return quantized
+    # loaded from the file, as every later start does, the bytes are not held twice
+    return cached
 
 
 def create_session(model: Path | bytes, *, threads: int) -> ort.InferenceSession:
