@@ -200,4 +200,3 @@ def test_a_first_start_loads_its_new_quantized_copy_from_the_cache_file(tmp_path
     # no cache to load from: the bytes themselves
     fallback = embedder_module.cached_quantize_dynamic_int8(model, blocked / "models")
     assert isinstance(fallback, bytes) and fallback == Path(loaded).read_bytes()
-
