@@ -22,6 +22,7 @@ from engram_retrieval.embedder import (
     SentenceEncoder,
     default_model_files,
     model_files_at,
+    return_freed_memory,
 )
 from engram_retrieval.encode_queue import EncodeQueue
 from engram_retrieval.pipeline import SearchPipeline
@@ -166,6 +167,7 @@ async def build_server(
         embedder = await asyncio.to_thread(load_embedder, settings)
     if scorer is None:
         scorer = await asyncio.to_thread(load_scorer, settings)
+    return_freed_memory()
     store = await open_store(settings, embedder.dim)
     try:
         # Before the server starts: the scan holds the store (0.2 s at 100k memories),
