@@ -5,6 +5,8 @@ redirecting to it, and both switched off by their settings."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from importlib.resources import files
 
 import pytest
@@ -88,3 +90,18 @@ async def test_mcp_needs_the_api_key(start_gateway: StartGateway) -> None:
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "invalid_api_key"
     assert refused.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_mcp_sdk_is_loaded_by_the_first_mcp_request_not_at_start() -> None:
+    """A gateway nobody calls /mcp on does not hold the SDK (about 21 MB resident)."""
+    probe = (
+        "import sys\n"
+        "from engram_gateway.app import create_app\n"
+        "from engram_gateway.settings import GatewaySettings\n"
+        "create_app(GatewaySettings(llm_base_url='http://127.0.0.1:9/v1'))\n"
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout

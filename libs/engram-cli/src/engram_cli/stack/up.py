@@ -65,23 +65,15 @@ def _http_ok(*urls: str) -> Callable[[], bool]:
     return check
 
 
-def _grpc_serving(address: str) -> Callable[[], bool]:
-    def check() -> bool:
-        import grpc
-        from grpc_health.v1 import health_pb2
+def _listening(address: str) -> Callable[[], bool]:
+    """Ready once ``address`` accepts connections: retrieval binds its port only after
+    its models are loaded and its store is open, and reports SERVING right after, so a
+    connection means ready without loading gRPC into the supervisor (13 MB resident,
+    docs/benchmarks.md, footprint)."""
+    host, _, port = address.rpartition(":")
 
-        with grpc.insecure_channel(address) as channel:
-            try:
-                # The health service's one method, typed (the stubs' HealthStub has none).
-                health_check = channel.unary_unary(
-                    "/grpc.health.v1.Health/Check",
-                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                    response_deserializer=health_pb2.HealthCheckResponse.FromString,
-                )
-                reply = health_check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-            except grpc.RpcError:
-                return False
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
+    def check() -> bool:
+        return port_is_open(host.strip("[]"), int(port))
 
     return check
 
@@ -164,7 +156,7 @@ class Stack:
                     "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen,
                 },
                 endpoint=f"grpc://{s.retrieval_listen}",
-                is_ready=_grpc_serving(reachable_address(s.retrieval_listen)),
+                is_ready=_listening(reachable_address(s.retrieval_listen)),
             ),
             Component(
                 name="gateway",
