@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -481,3 +482,30 @@ def test_a_record_vector_is_converted_once_when_first_read() -> None:
 
     with pytest.raises(StoreError, match="without its dense vector"):
         np.asarray(RecordVector(Bare()))
+
+
+async def test_an_edge_search_drops_a_point_deleted_between_its_two_reads(
+    tmp_path: Path,
+) -> None:
+    # The edge search reads ids and scores first, then each distinct point's payload;
+    # a write on the edge thread may land in between.
+    store = await EdgeStore.open(tmp_path / "shard", DIM)
+    try:
+        await store.upsert("a", [point(1, vector=[1, 0, 0, 0]), point(2, vector=[0.9, 0.1, 0, 0])])
+        shard: Any = store._shard
+
+        class DeletesBeforeRetrieve:
+            def query_batch(self, batch: Any) -> Any:
+                return shard.query_batch(batch)
+
+            def retrieve(self, ids: list[Any], *args: Any) -> Any:
+                return shard.retrieve([i for i in ids if str(i) != pid(1)], *args)
+
+        store._shard = cast(Any, DeletesBeforeRetrieve())
+        query = np.array([1, 0, 0, 0], dtype=np.float32)
+        (found,) = await store.search(query, [PointFilter(tenant="a")], limit=5)
+        store._shard = shard
+        assert [p.id for p in found] == [pid(2)]
+        assert found[0].payload["text"] == "memory 2"
+    finally:
+        await store.close()

@@ -21,10 +21,11 @@ import functools
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 from qdrant_edge import (
@@ -45,10 +46,14 @@ from qdrant_edge import (
     QueryBatchRequest,
     QueryRequest,
     RangeDateTime,
+    Record,
     ScrollRequest,
     SparseVector,
     UpdateOperation,
 )
+
+if TYPE_CHECKING:
+    from qdrant_edge import PointId  # the stubs' alias, not a runtime name
 
 from engram_core.logging import get_logger
 from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
@@ -253,34 +258,54 @@ class EdgeStore:
             )
         if sparse:
             queries.append(Query.Nearest(_sparse(sparse), using=SPARSE_VECTOR))
-        # each scope's filter is built once and shared by its dense and lexical queries
+        # Each scope's filter is built once and shared by its dense and lexical queries.
+        # The batch returns ids and scores only, and each distinct point's payload and
+        # vector is read once afterwards: reading payloads inside the queries cost the
+        # engine more than the whole batch plus one retrieve (a point found by several
+        # queries was read, and converted, once per row).
         batch = QueryBatchRequest(
             [
                 QueryRequest(
                     limit=limit,
                     query=query,
                     filter=edge_filter,
-                    with_payload=True,
-                    with_vector=[DENSE_VECTOR],
+                    with_payload=False,
+                    with_vector=False,
                 )
                 for edge_filter in map(to_edge_filter, filters)
                 for query in queries
             ]
         )
-        results = self._read("query_batch", batch)
-        # A point found by several queries (dense and lexical, several scopes) is
-        # converted once; its rows share the payload and the vector.
-        converted: dict[str, StoredPoint] = {}
-
-        def row_point(record: Any) -> StoredPoint:
-            point_id = str(record.id)
-            base = converted.get(point_id)
-            if base is None:
-                payload = dict(record.payload or {})
-                base = converted[point_id] = StoredPoint(point_id, payload, RecordVector(record))
-            return StoredPoint(point_id, base.payload, base.vector, score=float(record.score))
-
-        rows = [[row_point(r) for r in found] for found in results]
+        with self._shard_lock:  # both reads see one shard, even across a switch
+            if self._closed:
+                raise StoreError("store is closed")
+            # Every Engram point id is a UUID (engram_core.ids); the bindings build a new
+            # uuid.UUID per access, and its int is the cheap key.
+            hits = cast(
+                list[list[tuple[uuid.UUID, float]]],
+                [
+                    [(r.id, float(r.score)) for r in found]
+                    for found in self._shard.query_batch(batch)
+                ],
+            )
+            distinct: list[PointId] = list(
+                {uid.int: uid for found in hits for uid, _ in found}.values()
+            )
+            records = self._shard.retrieve(distinct, True, [DENSE_VECTOR]) if distinct else []
+        read = cast(list[tuple[uuid.UUID, Record]], [(r.id, r) for r in records])
+        points = {
+            uid.int: StoredPoint(str(uid), record.payload or {}, RecordVector(record))
+            for uid, record in read
+        }
+        # A point deleted between the two reads is no longer a candidate.
+        rows = [
+            [
+                StoredPoint(base.id, base.payload, base.vector, score=score)
+                for uid, score in found
+                if (base := points.get(uid.int)) is not None
+            ]
+            for found in hits
+        ]
         lexical_only = lexical_only_ids(rows, dense=dense, lexical=bool(sparse))
         # lexical-only points exist only beside a dense query, which is queries[0]
         cosines = self._cosines(filters[0].tenant, queries[0], lexical_only) if lexical_only else {}
