@@ -175,7 +175,7 @@ def run_document(document: str, tmp_path: Path, **env: str) -> None:
     assert examples, f"{document} marks no example with <!-- run -->"
     brain = RuleBasedBrain(chat_reply="Noted.")
     stack, upstream = start_stack(
-        tmp_path / "data", replies=[brain], process_per_worker=False, **env
+        tmp_path / "data", replies=[brain], process_per_worker=False, light=False, **env
     )
     reader = Reader(stack, upstream, tmp_path, keys="ENGRAM_API_KEYS" in env)
     try:

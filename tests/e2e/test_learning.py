@@ -269,6 +269,42 @@ async def test_one_process_runs_every_worker_and_a_turn_reaches_each(learning: S
     await memory.until_facts(["User loves canoes"])  # the watcher, then edits
 
 
+async def test_the_light_layout_serves_memory_from_one_process_for_retrieval_and_workers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """`engram up --light`: retrieval and the six workers in one process, the workers
+    calling retrieval without gRPC; a turn is still learned, summarised, mirrored, and a
+    hand edit of the mirror comes back, and the gateway recalls over gRPC from it."""
+    stack, upstream = start_stack(tmp_path_factory.mktemp("light") / "data", light=True)
+    try:
+        assert [c.name for c in stack.components] == ["node", "gateway"]
+        (node,) = [c for c in stack.components if c.name == "node"]
+        assert node.command[1:3] == ["-m", "engram_cli.stack.node"]
+        memory = Memory(stack, "seed-light", user="user-light")
+        await memory.chat("I love kayaks.")
+        await memory.until_facts(["User loves kayaks"])  # ingest, then reconcile
+        await wait_for(
+            lambda: memory.memories(pb.MEMORY_KIND_SUMMARY), 30, what="the summary (summarize)"
+        )
+        facts_dir = stack.data_dir / "mirror" / TENANT / "@user-light" / "seed-light"
+
+        def fact_file() -> Path | None:
+            found = [p for p in facts_dir.glob("facts/*.md") if "kayaks" in p.read_text()]
+            return found[0] if found else None
+
+        path = await wait_for(fact_file, 30, what="the fact's mirror file (mirror)")
+        await asyncio.to_thread(
+            path.write_text, path.read_text().replace("kayaks", "canoes"), encoding="utf-8"
+        )
+        await memory.until_facts(["User loves canoes"])  # the watcher, then edits
+        await memory.chat("What boats do I like?")
+        asked = upstream.conversation_requests()[-1]["messages"]
+        assert any("User loves canoes" in str(m.get("content")) for m in asked), asked
+    finally:
+        stack.stop()
+        upstream.stop()
+
+
 async def test_eviction_keeps_a_conversation_under_max_entries(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -25,18 +25,20 @@ def start_stack(
     replies: list[Reply] | None = None,
     *,
     process_per_worker: bool = False,
+    light: bool = False,
     **env: str,
 ) -> tuple[Stack, ScriptedUpstream]:
     """The whole stack against a scripted upstream (the rule-based brain unless
     ``replies`` says otherwise), started; the caller stops both. The workers share one
     process, as ``engram up`` runs them, unless ``process_per_worker`` (a test that kills
-    one worker alone)."""
+    one worker alone), or with retrieval too when ``light``."""
     upstream = ScriptedUpstream(replies=replies or [RuleBasedBrain(chat_reply="Noted.")]).start()
     stack = Stack(
         stack_settings(data_dir),
         echo=lambda _: None,
         relay_logs=False,
         process_per_worker=process_per_worker,
+        light=light,
         extra_env={
             "ENGRAM_LLM_BASE_URL": upstream.base_url,
             "ENGRAM_LOG_FORMAT": "json",

@@ -1,7 +1,9 @@
 """The retrieval port's contract, asserted on both implementations: the in-memory port
-the gateway and worker tests use (``engram_testing.memory_store``) and the gRPC port to
-the real retrieval service (in-process, on a free port). What holds for one holds for the
-other, so a test passing against the in-memory port says something about production.
+the gateway and worker tests use (``engram_testing.memory_store``), the gRPC port to
+the real retrieval service (in-process, on a free port), and the port on the same
+service called without a channel (``InProcessRetrievalClient``: ``engram up``'s light
+layout, where the workers share retrieval's process). What holds for one holds for the
+others, so a test passing against the in-memory port says something about production.
 
 Search ranking is not compared (the in-memory port scores by shared words, the service by
 its models): the outcomes, scopes, filters and attachments are.
@@ -25,6 +27,7 @@ from engram_core.memory import (
     UpsertStatus,
 )
 from engram_core.memory_port import MemoryPort, RetrievalError
+from engram_core.retrieval_client import InProcessRetrievalClient
 from engram_testing.memory_store import InMemoryPort
 from engram_testing.worker_stack import running_retrieval
 
@@ -49,13 +52,22 @@ def fact(n: int, text: str, **fields: object) -> MemoryRecord:
     return MemoryRecord.model_validate(values)
 
 
-@pytest.fixture(params=["in-memory", pytest.param("grpc", marks=pytest.mark.integration)])
+@pytest.fixture(
+    params=[
+        "in-memory",
+        pytest.param("grpc", marks=pytest.mark.integration),
+        pytest.param("in-process", marks=pytest.mark.integration),
+    ]
+)
 async def port(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MemoryPort]:
     if request.param == "in-memory":
         yield InMemoryPort()
         return
     async with running_retrieval(tmp_path / "retrieval") as retrieval:
-        yield MemoryPort(retrieval.client)
+        if request.param == "grpc":
+            yield MemoryPort(retrieval.client)
+        else:
+            yield MemoryPort(InProcessRetrievalClient(retrieval.server.servicer, timeout_s=30))
 
 
 async def test_upsert_reports_created_unchanged_updated_and_keeps_created_at(

@@ -12,7 +12,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from engram_cli.cli_common import cli_settings
     from engram_cli.stack.up import run_stack
 
-    return run_stack(cli_settings(args), process_per_worker=args.process_per_worker)
+    return run_stack(
+        cli_settings(args), process_per_worker=args.process_per_worker, light=args.light
+    )
 
 
 def _up_description() -> str:
@@ -146,11 +148,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description=_up_description(),
     )
     add_data_dir_flag(up)
-    up.add_argument(
+    layout = up.add_mutually_exclusive_group()
+    layout.add_argument(
         "--process-per-worker",
         action="store_true",
         help="run each worker in its own process (engram-<name>), as the chart deploys them; "
         "by default the workers share one process (engram-workers)",
+    )
+    layout.add_argument(
+        "--light",
+        action="store_true",
+        help="run retrieval and the workers in one process, the workers calling retrieval "
+        "without gRPC: the smallest footprint for one machine",
     )
     up.set_defaults(func=_cmd_up)
 

@@ -16,11 +16,18 @@ client on either schedule never collects a strike). A server that refuses the cl
 pings answers the third early one with GOAWAY ``too_many_pings`` and every caller
 reconnects; gRPC core silently ignores an option name it does not know, which is how
 that happened (``min_recv_ping_interval_without_data_ms`` is not one).
+
+:class:`InProcessRetrievalClient` calls a MemoryService servicer living in the same
+process (``engram up``'s light layout, where retrieval and the workers share one): the
+same requests, replies, status codes, deadlines and CLIENT/SERVER spans as over gRPC,
+without the channel, the serialising and the gRPC machinery at both ends.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar, cast
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -188,6 +195,76 @@ class RetrievalClient:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+class _InProcessContext:
+    """What a servicer reads of its call's context, for a call made in this process."""
+
+    def __init__(self, metadata: Sequence[tuple[str, str]] | None) -> None:
+        self._metadata = tuple(metadata or ())
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+class _InProcessCall:
+    """One servicer method, called as a stub's method is: ``(request, timeout=,
+    metadata=)``; a deadline that passes fails with DEADLINE_EXCEEDED, as a channel's."""
+
+    def __init__(self, method: Callable[[Any, Any], Awaitable[Any]]) -> None:
+        self._method = method
+
+    async def __call__(
+        self,
+        request: Any,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109  # the stub's signature
+        metadata: Sequence[tuple[str, str]] | None = None,
+    ) -> Any:
+        try:
+            return await asyncio.wait_for(
+                self._method(request, _InProcessContext(metadata)), timeout
+            )
+        except TimeoutError:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "Deadline Exceeded",
+            ) from None
+
+
+class _InProcessStub:
+    def __init__(self, servicer: pb_grpc.MemoryServiceServicer) -> None:
+        for name in MemoryStub.__annotations__:
+            setattr(self, name, _InProcessCall(getattr(servicer, name)))
+
+
+class InProcessRetrievalClient(RetrievalClient):
+    """A :class:`RetrievalClient` of the servicer in this process (no channel)."""
+
+    def __init__(
+        self,
+        servicer: pb_grpc.MemoryServiceServicer,
+        *,
+        timeout_s: float = 10.0,
+        address: str = "in-process",
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.stub = cast(MemoryStub, _InProcessStub(servicer))
+
+    async def is_serving(self, timeout_s: float = 2.0) -> bool:
+        return True
+
+    def connectivity(self) -> grpc.ChannelConnectivity:
+        return grpc.ChannelConnectivity.READY
+
+    async def close(self) -> None:
+        return None
 
 
 def record_search_timings(timings: pb.StageTimings) -> None:

@@ -42,7 +42,7 @@ from engram_core.worker_catalog import WORKER_CATALOG
 
 #: What the issue asks of a single-machine install at idle, summed RSS.
 TARGET_MB = 500.0
-LAYOUTS = {"shared": [], "per_process": ["--process-per-worker"]}
+LAYOUTS = {"shared": [], "per_process": ["--process-per-worker"], "light": ["--light"]}
 READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
 
@@ -63,6 +63,8 @@ def process_label(pid: int) -> str:
     """``engram-workers``, ``nats-server``...: the program, not the interpreter."""
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     words = [os.path.basename(a.decode(errors="replace")) for a in argv if a]
+    if len(words) > 2 and words[0].startswith("python") and words[1] == "-m":
+        return words[2]  # python -m engram_cli.stack.node
     if len(words) > 1 and words[0].startswith("python"):
         return words[1]
     return words[0] if words else str(pid)
@@ -246,9 +248,10 @@ def add_footprint_parser(
     )
     parser.add_argument(
         "--layouts",
-        default="shared,per_process",
+        default="shared,per_process,light",
         help="shared (the workers in one process, the default of engram up), per_process "
-        "(--process-per-worker); comma-separated",
+        "(--process-per-worker), light (--light: retrieval and the workers in one "
+        "process); comma-separated",
     )
     parser.add_argument(
         "--idle-s", type=float, default=30.0, help="seconds idle after ready before reading"

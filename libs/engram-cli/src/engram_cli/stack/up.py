@@ -9,7 +9,10 @@ so a second ``engram up`` reuses it.
 The workers share one process (``engram-workers``, component ``workers``), each still
 its own durable consumer with its own health port, so a laptop install stays small;
 ``process_per_worker`` (``engram up --process-per-worker``) starts one process per
-worker (``engram-<name>``, component ``<name>``), the layout the chart deploys.
+worker (``engram-<name>``, component ``<name>``), the layout the chart deploys;
+``light`` (``engram up --light``) runs retrieval and the workers in one process
+(:mod:`engram_cli.stack.node`, component ``node``), the workers calling retrieval
+without a channel: the smallest footprint.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from engram_core.settings import parse_nats_urls
 READY_TIMEOUT_S = 180.0
 #: The component that runs every worker in one process (unless ``process_per_worker``).
 ALL_WORKERS = "workers"
+#: The component that runs retrieval and every worker in one process (``light``).
+NODE = "node"
 STOP_TIMEOUT_S = 15.0
 #: ``engram up`` reads the CLI's one settings class: where it places each piece is where
 #: the client commands look for it.
@@ -108,10 +113,14 @@ class Stack:
         extra_env: dict[str, str] | None = None,
         workers: tuple[str, ...] = WORKERS,
         process_per_worker: bool = False,
+        light: bool = False,
     ) -> None:
         unknown = set(workers) - set(WORKERS)
         if unknown:
             raise ValueError(f"unknown workers: {sorted(unknown)}")
+        if light and process_per_worker:
+            raise ValueError("light runs the workers in retrieval's process: not one per worker")
+        self.light = light
         self.settings = settings
         self.extra_env = extra_env or {}
         self.workers = workers
@@ -146,18 +155,21 @@ class Stack:
         }
         base["ENGRAM_LOG_FORMAT"] = self.log_format
         gateway_url = s.local_gateway_url
+        retrieval_env = {**base, "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen}
+        if self.light:
+            first = [self._node_component(retrieval_env)]
+        else:
+            first = [
+                Component(
+                    name="retrieval",
+                    command=[_script("engram-retrieval")],
+                    env={**retrieval_env, "OTEL_SERVICE_NAME": "engram-retrieval"},
+                    endpoint=f"grpc://{s.retrieval_listen}",
+                    is_ready=_listening(reachable_address(s.retrieval_listen)),
+                )
+            ]
         return [
-            Component(
-                name="retrieval",
-                command=[_script("engram-retrieval")],
-                env={
-                    **base,
-                    "OTEL_SERVICE_NAME": "engram-retrieval",
-                    "ENGRAM_RETRIEVAL_LISTEN": s.retrieval_listen,
-                },
-                endpoint=f"grpc://{s.retrieval_listen}",
-                is_ready=_listening(reachable_address(s.retrieval_listen)),
-            ),
+            *first,
             Component(
                 name="gateway",
                 command=[_script("engram-gateway")],
@@ -172,8 +184,33 @@ class Stack:
                 # then goes without memory); `up` started retrieval, so it waits for both.
                 is_ready=_http_ok(f"{gateway_url}/readyz", f"{gateway_url}/readyz/memory"),
             ),
-            *self._worker_components(base),
+            *([] if self.light else self._worker_components(base)),
         ]
+
+    def _node_component(self, env: dict[str, str]) -> Component:
+        ports = {w: p for w, p in self.worker_health_ports().items() if w in self.workers}
+        command = [
+            sys.executable,
+            "-m",
+            "engram_cli.stack.node",
+            "--health-port-base",
+            str(self.settings.health_port_base),
+        ]
+        if tuple(ports) != WORKERS:
+            command += ["--only", ",".join(ports)]
+        listening = _listening(reachable_address(self.settings.retrieval_listen))
+        workers_ready = _http_ok(*(f"http://127.0.0.1:{p}/readyz" for p in ports.values()))
+        return Component(
+            name=NODE,
+            command=command,
+            env={
+                **{k: v for k, v in env.items() if k != "ENGRAM_HEALTH_PORT"},
+                "OTEL_SERVICE_NAME": "engram-node",
+            },
+            endpoint=f"grpc://{self.settings.retrieval_listen}, workers' health "
+            + ", ".join(f"{w} http://127.0.0.1:{p}/readyz" for w, p in ports.items()),
+            is_ready=lambda: listening() and workers_ready(),
+        )
 
     def _worker_components(self, base: dict[str, str]) -> list[Component]:
         ports = {w: p for w, p in self.worker_health_ports().items() if w in self.workers}
@@ -229,6 +266,11 @@ class Stack:
         self.echo(f"engram: nats       ready  {self.nats.url} (JetStream, {self.nats.store_dir})")
         if self.process_per_worker:
             self.echo("engram: a process per worker (--process-per-worker)")
+        elif self.light:
+            self.echo(
+                f"engram: retrieval and the workers ({', '.join(self.workers)}) share one "
+                "process (--light), each worker its own durable consumer"
+            )
         else:
             self.echo(
                 f"engram: the workers ({', '.join(self.workers)}) share one process, each "
@@ -361,9 +403,11 @@ class Stack:
         self.echo("engram: stopped")
 
 
-def run_stack(settings: CliSettings, *, process_per_worker: bool = False) -> int:
+def run_stack(
+    settings: CliSettings, *, process_per_worker: bool = False, light: bool = False
+) -> int:
     """Run until Ctrl-C / SIGTERM or until a component dies. Returns the exit code."""
-    stack = Stack(settings, process_per_worker=process_per_worker)
+    stack = Stack(settings, process_per_worker=process_per_worker, light=light)
     stop_requested = threading.Event()
 
     def request_stop(signum: int, _frame: object) -> None:
