@@ -477,6 +477,24 @@ def test_a_record_vector_is_converted_once_when_first_read() -> None:
     assert np.asarray(lazy, dtype=np.float64) == pytest.approx([0.6, 0.8, 0, 0])
     assert np.asarray(lazy).shape == (DIM,) and Record.reads == 1
 
+    # MMR reads float64 first: the very values of the float32 vector, in one conversion
+    float32_values = [0.1, 0.7, 1 / 3, -0.25]
+    Record.reads = 0
+
+    class Thirds(Record):
+        @property
+        def vector(self) -> dict[str, list[float]]:
+            Record.reads += 1
+            return {"dense": [float(np.float32(v)) for v in float32_values]}
+
+    wide = RecordVector(Thirds())
+    assert np.asarray(wide, dtype=np.float64).dtype == np.float64
+    assert np.array_equal(
+        np.asarray(wide, dtype=np.float64),
+        np.asarray(float32_values, dtype=np.float32).astype(np.float64),
+    )
+    assert Record.reads == 1
+
     class Bare:
         vector = None
 

@@ -145,25 +145,33 @@ def _ms(started: float) -> float:
 
 
 def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
-    """A store hit as the ranking sees it."""
+    """A store hit as the ranking sees it, with the signals read from its payload once."""
     assert point.vector is not None, "search results carry vectors"
     payload = point.payload
     metadata = payload.get("metadata") or {}
     kind = str(payload.get("kind", ""))
     policy = find_kind(kind)
+    chat_message = policy is not None and policy.chat_message
+    conversation = str(payload.get("conversation_id", ""))
+    created_at = parse_ts(point.created_at)
     return Candidate(
         id=point.id,
         scope=scope,
         dense=float(point.score or 0.0),
         sparse=point.sparse_score,
         vector=point.vector,
-        created_at=parse_ts(point.created_at),
+        created_at=created_at,
         text=payload.get("text") or display_text(payload),
         payload=point,
         kind=kind,
-        owner=(str(payload.get("user_id", "")), str(payload.get("conversation_id", ""))),
+        owner=(str(payload.get("user_id", "")), conversation),
         source_ids=tuple(payload.get("source_turn_ids") or ()),
-        corrected=policy is not None and policy.chat_message and is_corrected(metadata),
+        corrected=chat_message and is_corrected(metadata),
+        turn=(conversation, int(payload.get("turn_index") or 0)) if chat_message else None,
+        session=(
+            (conversation, created_at.astimezone(UTC).date().isoformat()) if chat_message else None
+        ),
+        speaker=str(metadata.get("speaker") or ""),
     )
 
 
@@ -175,25 +183,6 @@ def display_text(payload: dict[str, Any]) -> str:
             profile.get("category", ""), profile.get("key", ""), profile.get("value", "")
         )
     return ""
-
-
-def _session(c: Candidate) -> tuple[str, str] | None:
-    """A chat message's session: its conversation and the UTC day it was said."""
-    if _turn_position(c) is None:
-        return None
-    return (c.owner[1], c.created_at.astimezone(UTC).date().isoformat())
-
-
-def _speaker(c: Candidate) -> str:
-    metadata = c.payload.payload.get("metadata") or {}
-    return str(metadata.get("speaker") or "")
-
-
-def _turn_position(c: Candidate) -> tuple[str, int] | None:
-    policy = find_kind(c.kind)
-    if policy is None or not policy.chat_message:
-        return None
-    return (c.owner[1], int(c.payload.payload.get("turn_index") or 0))
 
 
 class SearchPipeline:
@@ -409,7 +398,7 @@ class SearchPipeline:
         dense = np.array([c.dense for c in candidates], dtype=np.float64)
         sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
         late = await self._late_scores(query.tenant, tokens, candidates)
-        adjacency = adjacent_turns([_turn_position(c) for c in candidates])
+        adjacency = adjacent_turns([c.turn for c in candidates])
         window = query_window(query.text, now)
         in_window = np.array([c.created_at in window for c in candidates]) if window else None
         signals = PoolSignals(
@@ -418,8 +407,8 @@ class SearchPipeline:
             late,
             adjacency,
             in_window,
-            sessions=[_session(c) for c in candidates],
-            speaker_named=speakers_named(query.text, [_speaker(c) for c in candidates]),
+            sessions=[c.session for c in candidates],
+            speaker_named=speakers_named(query.text, [c.speaker for c in candidates]),
         )
         texts = [c.text for c in candidates]
         if self.scorer.runs_model:

@@ -91,6 +91,12 @@ class Candidate:
     source_ids: tuple[str, ...] = ()
     #: a turn whose statement was later corrected
     corrected: bool = False
+    #: a chat message's (conversation, turn index): its neighbours are the adjacent turns
+    turn: tuple[str, int] | None = None
+    #: a chat message's (conversation, UTC day it was said)
+    session: tuple[str, str] | None = None
+    #: who said it (``metadata["speaker"]``), "" when unknown
+    speaker: str = ""
 
 
 @dataclass

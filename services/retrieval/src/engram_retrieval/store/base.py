@@ -96,7 +96,9 @@ class RecordVector:
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         if self._array is None:
-            array = dense_vector_of(self._record.vector)
+            # Straight into the dtype first asked for (MMR's float64): the same values
+            # as through float32, without a second array.
+            array = dense_vector_of(self._record.vector, dtype=dtype or np.float32)
             if array is None:
                 raise StoreError("a search result came back without its dense vector")
             self._array, self._record = array, None
@@ -119,7 +121,7 @@ class StoredPoint:
         return str(self.payload.get("created_at") or "")
 
 
-def dense_vector_of(raw: Any) -> np.ndarray | None:
+def dense_vector_of(raw: Any, *, dtype: Any = np.float32) -> np.ndarray | None:
     """The dense vector from a record's vector field (plain list or named vectors)."""
     if raw is None:
         return None
@@ -127,7 +129,7 @@ def dense_vector_of(raw: Any) -> np.ndarray | None:
         raw = raw.get(DENSE_VECTOR)
         if raw is None:
             return None
-    return np.asarray(raw, dtype=np.float32)
+    return np.asarray(raw, dtype=dtype)
 
 
 def token_vectors_of(raw: Any) -> np.ndarray | None:
