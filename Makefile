@@ -72,8 +72,8 @@ test: install lint helm-check ## install from the lock, lint, check the chart, a
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: run
-run: install-run ## start the whole local stack (nats-server, retrieval, gateway, workers)
-	.venv/bin/engram up
+run: install-run ## start the whole local stack (nats-server, gateway, retrieval and the workers in one process)
+	.venv/bin/engram up --light
 
 .PHONY: bench
 bench: install ## Search latency at 1k and 10k memories (tables, JSON, plot under bench-results/)

@@ -77,7 +77,8 @@ def installed_by(sync: list[str]) -> set[str]:
 def test_make_run_installs_what_running_needs_and_nothing_else() -> None:
     sync = sync_command("run")
     assert {"--frozen", "--all-packages", "--no-dev"} <= set(sync)
-    assert planned("run")[-1] == [".venv/bin/engram", "up"]
+    # the light layout: retrieval and the workers in one process (docs/benchmarks.md, footprint)
+    assert planned("run")[-1] == [".venv/bin/engram", "up", "--light"]
     packages = installed_by(sync)
     assert packages >= FOR_RUNNING, FOR_RUNNING - packages
     assert not packages & NOT_FOR_RUNNING, packages & NOT_FOR_RUNNING

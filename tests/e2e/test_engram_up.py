@@ -1,5 +1,6 @@
-"""`engram up` (what `make run` runs): starts everything, serves the official openai
-client (stream and non-stream), stops cleanly on Ctrl-C, and reuses its data."""
+"""`engram up` and `engram up --light` (what `make run` runs): starts everything, serves
+the official openai client (stream and non-stream), stops cleanly on Ctrl-C, and reuses
+its data."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ pytestmark = pytest.mark.e2e
 
 
 class EngramUp:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], *flags: str) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "engram"), "up"],
+            [str(Path(sys.executable).parent / "engram"), "up", *flags],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -59,8 +60,19 @@ class EngramUp:
         return code
 
 
+@pytest.mark.parametrize(
+    ("flags", "shared_by", "serving"),
+    [
+        ((), "workers", "retrieval.listening"),
+        (("--light",), "node", "node.serving"),  # make run
+    ],
+)
 async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
-    tmp_path: Path, scripted_upstream: ScriptedUpstream
+    tmp_path: Path,
+    scripted_upstream: ScriptedUpstream,
+    flags: tuple[str, ...],
+    shared_by: str,
+    serving: str,
 ) -> None:
     settings = stack_settings(tmp_path / "data")
     env = {
@@ -77,16 +89,16 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
     ]
     base_url = f"http://127.0.0.1:{settings.gateway_port}/v1"
 
-    up = EngramUp(env)
+    up = EngramUp(env, *flags)
     try:
         up.wait_for_line("engram: up.")
         assert any(base_url in line for line in up.lines)  # it says where to point clients
         # the workers share one process, and up says so (--process-per-worker: one each)
         assert any("share one process" in line for line in up.lines), "\n".join(up.lines)
-        assert any(line.startswith("engram: workers    ready") for line in up.lines)
+        assert any(line.startswith(f"engram: {shared_by:<10} ready") for line in up.lines)
         # Every worker and retrieval run on uvloop (ENGRAM_EVENT_LOOP=auto, installed).
         started = [line for line in up.lines if "worker.started" in line]
-        listening = [line for line in up.lines if "retrieval.listening" in line]
+        listening = [line for line in up.lines if serving in line]
         assert len(started) == 6 and len(listening) == 1, "\n".join(up.lines)
         assert all("uvloop" in line for line in started + listening), "\n".join(started)
         client = openai.OpenAI(base_url=base_url, api_key="sk-test")
@@ -130,7 +142,7 @@ async def test_engram_up_serves_chats_stops_cleanly_and_keeps_data(
     assert code == 0, "\n".join(up.lines[-40:])
     assert up.lines[-1] == "engram: stopped"
 
-    again = EngramUp(env)
+    again = EngramUp(env, *flags)
     try:
         again.wait_for_line("engram: up.")
         assert await count_memories(settings.retrieval_listen, "default", "bees") == 4

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from engram_cli.cli_common import WORKERS
-from engram_cli.stack.up import ALL_WORKERS, Stack, StackSettings
+from engram_cli.stack.up import ALL_WORKERS, NODE, Stack, StackSettings
 
 
 def names(stack: Stack) -> list[str]:
@@ -60,6 +60,29 @@ def test_a_subset_of_workers(tmp_path: Path) -> None:
     assert shared.components[-1].command[-2:] == ["--only", "ingest,mirror"]
     none = Stack(StackSettings(data_dir=tmp_path), echo=lambda _: None, workers=())
     assert names(none) == ["retrieval", "gateway"]
+
+
+def test_light_runs_retrieval_and_the_workers_in_one_process(tmp_path: Path) -> None:
+    stack = Stack(
+        StackSettings(data_dir=tmp_path, health_port_base=9300), echo=lambda _: None, light=True
+    )
+    assert names(stack) == [NODE, "gateway"]
+    (node,) = [c for c in stack.components if c.name == NODE]
+    assert node.command[1:] == ["-m", "engram_cli.stack.node", "--health-port-base", "9300"]
+    assert node.env["OTEL_SERVICE_NAME"] == "engram-node"
+    assert node.env["ENGRAM_RETRIEVAL_LISTEN"] == stack.settings.retrieval_listen
+    assert "ENGRAM_HEALTH_PORT" not in node.env
+    # ready when retrieval listens and every worker's /readyz answers
+    assert stack.settings.retrieval_listen in node.endpoint
+    assert [f":{9300 + i}/readyz" in node.endpoint for i in range(len(WORKERS))] == [True] * len(
+        WORKERS
+    )
+    subset = Stack(
+        StackSettings(data_dir=tmp_path), echo=lambda _: None, workers=("ingest",), light=True
+    )
+    assert subset.components[0].command[-2:] == ["--only", "ingest"]
+    with pytest.raises(ValueError, match="light"):
+        Stack(StackSettings(data_dir=tmp_path), light=True, process_per_worker=True)
 
 
 def test_an_unknown_worker_is_refused(tmp_path: Path) -> None:

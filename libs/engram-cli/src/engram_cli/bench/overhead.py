@@ -95,6 +95,9 @@ class OverheadConfig:
     profile: bool = True
     profile_turns: int = 600
     apis: tuple[str, ...] = ("chat",)
+    #: ``engram up --light``: retrieval and the workers in one process (no per-worker CPU,
+    #: and no workers-stopped phase: stopping them would stop retrieval)
+    light: bool = False
 
 
 #: An API's route on the gateway and on the upstream (below ``/v1``, or the root).
@@ -296,7 +299,7 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"load_avg_1m_at_start": _load()}
     async with (
         scripted_llm_process() as (upstream_url, upstream_pid),
-        running_stack(upstream_url, WORKERS, env) as stack,
+        running_stack(upstream_url, WORKERS, env, light=cfg.light) as stack,
     ):
         if cfg.profile:
             signal_services(stack, signal.SIGUSR2)  # start-up is not what is measured
@@ -330,11 +333,12 @@ async def bench_overhead(cfg: OverheadConfig, out: Path) -> dict[str, Any]:
                 results["pipeline"] = await run.pipeline(cfg.pipeline_turns, first=0)
                 if cfg.profile:
                     results["profile"] = await run.profile(profiles)
-                reads_only = await run.reads_only()
-                results["throughput"]["on_workers_stopped"] = reads_only
-                results["throughput"]["reads_only_over_off"] = _ratio(
-                    reads_only, results["throughput"]["off"]
-                )
+                if not cfg.light:
+                    reads_only = await run.reads_only()
+                    results["throughput"]["on_workers_stopped"] = reads_only
+                    results["throughput"]["reads_only_over_off"] = _ratio(
+                        reads_only, results["throughput"]["off"]
+                    )
         finally:
             await nc.close()
     results["load_avg_1m_at_end"] = _load()
@@ -371,7 +375,10 @@ def _metrics_urls(stack: Stack) -> dict[str, str]:
     """Each retrieval caller's Prometheus endpoint: the gateway's port, the workers'
     health ports."""
     urls = {"gateway": f"{stack.settings.local_gateway_url}/metrics"}
-    for worker, port in stack.worker_health_ports().items():
+    ports = stack.worker_health_ports()
+    if stack.light:  # one process: any worker's /metrics is all of them
+        return {**urls, "workers": f"http://127.0.0.1:{next(iter(ports.values()))}/metrics"}
+    for worker, port in ports.items():
         urls[worker] = f"http://127.0.0.1:{port}/metrics"
     return urls
 
@@ -388,6 +395,7 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
         profile=args.profile,
         profile_turns=args.profile_turns,
         apis=tuple(api.strip() for api in args.api.split(",") if api.strip()),
+        light=args.light,
     )
     unknown = [api for api in cfg.apis if api not in API_PATHS]
     if unknown or not cfg.apis:
@@ -471,6 +479,12 @@ def add_overhead_parser(
         default="chat",
         help="comma-separated APIs whose latency is measured in this run: chat, responses, "
         "messages, ollama (the other phases use the first)",
+    )
+    bench.add_argument(
+        "--light",
+        action="store_true",
+        help="run the stack as engram up --light (retrieval and the workers in one process; "
+        "no workers-stopped phase)",
     )
     bench.add_argument("--out", default="bench-results/overhead", help="output directory")
     bench.set_defaults(func=handler, run=_cmd_overhead)

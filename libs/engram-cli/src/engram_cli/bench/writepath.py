@@ -56,9 +56,12 @@ async def running_stack(
     llm_url: str | None,
     workers: tuple[str, ...] = WORKERS,
     extra_env: dict[str, str] | None = None,
+    *,
+    light: bool = False,
 ) -> AsyncIterator[Stack]:
     """:func:`bench_stack`, yielding the :class:`Stack` itself (its processes: pids,
-    signals); ``extra_env`` adds ``ENGRAM_*`` settings for every service."""
+    signals); ``extra_env`` adds ``ENGRAM_*`` settings for every service. A process per
+    worker, unless ``light`` (retrieval and the workers in one, ``engram up --light``)."""
     upstream = None
     if llm_url is None:
         upstream = ScriptedUpstream(replies=[RuleBasedBrain()]).start()
@@ -85,7 +88,8 @@ async def running_stack(
                 },
                 workers=workers,
                 # Per-process CPU, profiles and SIGSTOP of the workers need a process each.
-                process_per_worker=True,
+                process_per_worker=not light,
+                light=light,
             )
             sys.stderr.write(f"starting the stack (workers: {', '.join(workers)})...\n")
             try:

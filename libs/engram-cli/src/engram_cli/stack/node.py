@@ -63,6 +63,7 @@ async def serve_node(retrieval: RetrievalSettings, workers: Sequence[Selected]) 
         address=running.address,
         workers=[chosen.spec.name for chosen in workers],
         embedding_model=running.servicer.embedder.model_id,
+        event_loop=event_loop.running_loop_name(),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
