@@ -365,6 +365,25 @@ def test_session_strength_is_the_mean_of_a_session_s_two_best() -> None:
     np.testing.assert_allclose(session_strength(base, sessions), [0.7, 0.7, 0.7, 0.3, 0.0])
 
 
+def test_session_strength_is_bit_for_bit_numpy_s_mean() -> None:
+    # computed without np.mean per session (issue 30): a ranking must not move by an ulp
+    from engram_retrieval.ranking import session_strength
+
+    rng = np.random.default_rng(30)
+    for _ in range(200):
+        base = rng.random(40) * rng.choice([1e-3, 1.0, 1e3])
+        sessions = [None if n == 0 else int(n) for n in rng.integers(0, 8, size=40)]
+        by_session: dict[int, list[float]] = {}
+        for value, session in zip(base, sessions, strict=True):
+            if session is not None:
+                by_session.setdefault(session, []).append(float(value))
+        expected = [
+            0.0 if s is None else float(np.mean(sorted(by_session[s], reverse=True)[:2]))
+            for s in sessions
+        ]
+        assert session_strength(base, sessions).tolist() == expected
+
+
 def test_linear_fusion_stays_on_the_pool_s_cosine_range() -> None:
     from engram_retrieval.ranking import FusionWeights, linear_fusion
 

@@ -249,6 +249,13 @@ def _spread(values: np.ndarray) -> np.ndarray:
     return np.zeros_like(values, dtype=np.float64) if spread is None else spread
 
 
+def _mean_of_two_best(values: list[float]) -> float:
+    """``(a + b) / 2`` of the two largest (one value: itself), as ``np.mean`` computes
+    it, without its per-call cost (one call per session of the pool)."""
+    top = sorted(values, reverse=True)[:2]
+    return (top[0] + top[1]) / 2.0 if len(top) == 2 else top[0]
+
+
 def session_strength(base: np.ndarray, sessions: Sequence[object | None]) -> np.ndarray:
     """Per candidate, the mean of the two best ``base`` scores of its session (itself
     included; alone in it, its own score); a candidate without a session (not a turn)
@@ -257,7 +264,7 @@ def session_strength(base: np.ndarray, sessions: Sequence[object | None]) -> np.
     for value, session in zip(base, sessions, strict=True):
         if session is not None:
             best.setdefault(session, []).append(float(value))
-    top2 = {key: float(np.mean(sorted(vals, reverse=True)[:2])) for key, vals in best.items()}
+    top2 = {key: _mean_of_two_best(vals) for key, vals in best.items()}
     return np.array(
         [0.0 if s is None else top2[s] for s in sessions],
         dtype=np.float64,

@@ -297,6 +297,7 @@ class EdgeStore:
             uid.int: StoredPoint(str(uid), record.payload or {}, RecordVector(record))
             for uid, record in read
         }
+        uuids = {points[uid.int].id: uid for uid, _ in read}
         # A point deleted between the two reads is no longer a candidate.
         rows = [
             [
@@ -308,22 +309,30 @@ class EdgeStore:
         ]
         lexical_only = lexical_only_ids(rows, dense=dense, lexical=bool(sparse))
         # lexical-only points exist only beside a dense query, which is queries[0]
-        cosines = self._cosines(filters[0].tenant, queries[0], lexical_only) if lexical_only else {}
+        cosines = (
+            self._cosines(filters[0].tenant, queries[0], {i: uuids[i] for i in lexical_only})
+            if lexical_only
+            else {}
+        )
         return merge_batch_rows(vector, rows, dense=dense, lexical=bool(sparse), cosines=cosines)
 
-    def _cosines(self, tenant: str, nearest: Query, ids: set[str]) -> dict[str, float]:
-        """The dense query's cosine to each of ``ids``, scored by the engine (one query
-        restricted to them) instead of converting their vectors to compute it here."""
+    def _cosines(self, tenant: str, nearest: Query, ids: dict[str, uuid.UUID]) -> dict[str, float]:
+        """The dense query's cosine to each of ``ids`` (each point's id and its UUID),
+        scored by the engine (one query restricted to them) instead of converting their
+        vectors to compute it here."""
         request = QueryRequest(
             limit=len(ids),
             query=nearest,
             filter=Filter(
-                must=[FieldCondition("tenant", match=MatchValue(tenant)), HasIdCondition(set(ids))]
+                must=[
+                    FieldCondition("tenant", match=MatchValue(tenant)),
+                    HasIdCondition(set(ids.values())),
+                ]
             ),
             with_payload=False,
             with_vector=False,
         )
-        return {str(r.id): float(r.score) for r in self._read("query", request)}
+        return _scores_by_id(self._read("query", request), ids)
 
     async def retrieve(
         self, tenant: str, ids: Sequence[str], *, with_vectors: bool = False
@@ -359,7 +368,7 @@ class EdgeStore:
             with_vector=False,
         )
         found = self._read("query", request)
-        return {str(r.id): float(r.score) for r in found}
+        return _scores_by_id(found, {point_id: point_id for point_id in ids})
 
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
         owned = [p.id for p in await self.retrieve(tenant, ids)]
@@ -533,6 +542,19 @@ class EdgeStore:
             self._shard, self._journal = fresh, None
             old.close()
         return True
+
+
+def _scores_by_id(found: Sequence[Any], ids: dict[str, Any]) -> dict[str, float]:
+    """Each found point's score under the id it was asked for (``ids``: id → the id
+    as the engine took it, a UUID or its canonical text), without formatting every
+    UUID the engine returns back into text."""
+    by_int = {uuid_int(key): point_id for point_id, key in ids.items()}
+    return {by_int[r.id.int]: float(r.score) for r in found}
+
+
+def uuid_int(key: uuid.UUID | str) -> int:
+    """The 128-bit value of a UUID, or of its text (any case, with or without dashes)."""
+    return key.int if isinstance(key, uuid.UUID) else int(key.replace("-", ""), 16)
 
 
 def _sparse(vec: SparseVec) -> SparseVector:
