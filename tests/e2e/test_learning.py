@@ -21,6 +21,7 @@ from engram_cli.stack.up import Stack
 from engram_core.codec import pb
 from engram_core.retrieval_client import RetrievalClient
 from engram_testing.stack import start_stack
+from engram_testing.upstream import ScriptedUpstream
 
 from .conftest import wait_for
 
@@ -51,6 +52,27 @@ def per_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     finally:
         stack.stop()
         upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def light(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`engram up --light` (what `make run` runs): retrieval and every worker in one
+    process, the workers calling retrieval without gRPC."""
+    stack, upstream = start_stack(tmp_path_factory.mktemp("light") / "data", light=True)
+    UPSTREAMS[id(stack)] = upstream
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        upstream.stop()
+
+
+#: The scripted upstream of a stack a fixture started, to read what a chat was sent.
+UPSTREAMS: dict[int, ScriptedUpstream] = {}
+
+
+def light_upstream(stack: Stack) -> ScriptedUpstream:
+    return UPSTREAMS[id(stack)]
 
 
 class Memory:
@@ -270,39 +292,40 @@ async def test_one_process_runs_every_worker_and_a_turn_reaches_each(learning: S
 
 
 async def test_the_light_layout_serves_memory_from_one_process_for_retrieval_and_workers(
-    tmp_path_factory: pytest.TempPathFactory,
+    light: Stack,
 ) -> None:
-    """`engram up --light`: retrieval and the six workers in one process, the workers
-    calling retrieval without gRPC; a turn is still learned, summarised, mirrored, and a
-    hand edit of the mirror comes back, and the gateway recalls over gRPC from it."""
-    stack, upstream = start_stack(tmp_path_factory.mktemp("light") / "data", light=True)
-    try:
-        assert [c.name for c in stack.components] == ["node", "gateway"]
-        (node,) = [c for c in stack.components if c.name == "node"]
-        assert node.command[1:3] == ["-m", "engram_cli.stack.node"]
-        memory = Memory(stack, "seed-light", user="user-light")
-        await memory.chat("I love kayaks.")
-        await memory.until_facts(["User loves kayaks"])  # ingest, then reconcile
-        await wait_for(
-            lambda: memory.memories(pb.MEMORY_KIND_SUMMARY), 30, what="the summary (summarize)"
-        )
-        facts_dir = stack.data_dir / "mirror" / TENANT / "@user-light" / "seed-light"
+    """Retrieval and the six workers in one process: a turn is still learned, summarised,
+    mirrored, a hand edit of the mirror comes back, and the gateway recalls it over gRPC
+    from that process."""
+    assert [c.name for c in light.components] == ["node", "gateway"]
+    (node,) = [c for c in light.components if c.name == "node"]
+    assert node.command[1:3] == ["-m", "engram_cli.stack.node"]
+    memory = Memory(light, "seed-light", user="user-light")
+    await memory.chat("I love kayaks.")
+    await memory.until_facts(["User loves kayaks"])  # ingest, then reconcile
+    await wait_for(
+        lambda: memory.memories(pb.MEMORY_KIND_SUMMARY), 30, what="the summary (summarize)"
+    )
+    facts_dir = light.data_dir / "mirror" / TENANT / "@user-light" / "seed-light"
 
-        def fact_file() -> Path | None:
-            found = [p for p in facts_dir.glob("facts/*.md") if "kayaks" in p.read_text()]
-            return found[0] if found else None
+    def fact_file() -> Path | None:
+        found = [p for p in facts_dir.glob("facts/*.md") if "kayaks" in p.read_text()]
+        return found[0] if found else None
 
-        path = await wait_for(fact_file, 30, what="the fact's mirror file (mirror)")
-        await asyncio.to_thread(
-            path.write_text, path.read_text().replace("kayaks", "canoes"), encoding="utf-8"
-        )
-        await memory.until_facts(["User loves canoes"])  # the watcher, then edits
+    path = await wait_for(fact_file, 30, what="the fact's mirror file (mirror)")
+    await asyncio.to_thread(
+        path.write_text, path.read_text().replace("kayaks", "canoes"), encoding="utf-8"
+    )
+    await memory.until_facts(["User loves canoes"])  # the watcher, then edits
+    asked: list[Any] = []
+
+    async def recalled() -> bool:
+        # a chat is recalled with what the index holds when it arrives
         await memory.chat("What boats do I like?")
-        asked = upstream.conversation_requests()[-1]["messages"]
-        assert any("User loves canoes" in str(m.get("content")) for m in asked), asked
-    finally:
-        stack.stop()
-        upstream.stop()
+        asked[:] = light_upstream(light).conversation_requests()[-1]["messages"]
+        return any("User loves canoes" in str(m.get("content")) for m in asked)
+
+    await wait_for(recalled, 20, what="the edited fact recalled into a chat")
 
 
 async def test_eviction_keeps_a_conversation_under_max_entries(
@@ -338,7 +361,12 @@ async def _equals(awaitable, expected) -> bool:
 
 @pytest.mark.parametrize(
     ("layout", "worker"),
-    [("per_process", "ingest"), ("per_process", "reconcile"), ("learning", "workers")],
+    [
+        ("per_process", "ingest"),
+        ("per_process", "reconcile"),
+        ("learning", "workers"),
+        ("light", "node"),  # retrieval and every worker, killed together
+    ],
 )
 async def test_a_worker_killed_mid_burst_loses_and_duplicates_nothing(
     request: pytest.FixtureRequest, layout: str, worker: str
