@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
+from qdrant_edge import Point, UpdateOperation
 
 from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.store import (
@@ -20,7 +21,7 @@ from engram_retrieval.store import (
     StoreError,
 )
 from engram_retrieval.store.base import DimensionMismatchError, RecordVector
-from engram_retrieval.store.edge import EdgeStore
+from engram_retrieval.store.edge import EdgeStore, _vectors
 from engram_retrieval.store.qdrant import QdrantStore
 
 DIM = 4
@@ -525,5 +526,34 @@ async def test_an_edge_search_drops_a_point_deleted_between_its_two_reads(
         store._shard = shard
         assert [p.id for p in found] == [pid(2)]
         assert found[0].payload["text"] == "memory 2"
+    finally:
+        await store.close()
+
+
+async def test_an_edge_search_never_returns_a_point_another_tenant_took_between_its_reads(
+    tmp_path: Path,
+) -> None:
+    # Deleted by tenant a and written under the same (client-chosen) id by tenant b
+    # between the batch and the retrieve: b's payload must not reach a's search.
+    store = await EdgeStore.open(tmp_path / "shard", DIM)
+    try:
+        await store.upsert("a", [point(1, vector=[1, 0, 0, 0]), point(2, vector=[0.9, 0.1, 0, 0])])
+        shard: Any = store._shard
+        taken = point(1, tenant="b", vector=[1, 0, 0, 0], text="tenant b's secret")
+
+        class TakenBeforeRetrieve:
+            def query_batch(self, batch: Any) -> Any:
+                return shard.query_batch(batch)
+
+            def retrieve(self, ids: list[Any], *args: Any) -> Any:
+                edge_point = Point(taken.id, _vectors(taken, True), taken.payload)
+                shard.update(UpdateOperation.upsert_points([edge_point]))
+                return shard.retrieve(ids, *args)
+
+        store._shard = cast(Any, TakenBeforeRetrieve())
+        query = np.array([1, 0, 0, 0], dtype=np.float32)
+        (found,) = await store.search(query, [PointFilter(tenant="a")], limit=5)
+        store._shard = shard
+        assert [p.id for p in found] == [pid(2)]
     finally:
         await store.close()

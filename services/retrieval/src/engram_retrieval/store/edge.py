@@ -298,14 +298,18 @@ class EdgeStore:
             for uid, record in read
         }
         uuids = {points[uid.int].id: uid for uid, _ in read}
-        # A point deleted between the two reads is no longer a candidate.
+        # Writes run on the edge thread and may land between the two reads: a point
+        # deleted meanwhile is no candidate, nor is one whose id another tenant's write
+        # took over meanwhile (the retrieve by id does not filter on the tenant).
+        tenants = [flt.tenant for flt in filters for _ in queries]
         rows = [
             [
                 StoredPoint(base.id, base.payload, base.vector, score=score)
                 for uid, score in found
                 if (base := points.get(uid.int)) is not None
+                and base.payload.get("tenant") == tenant
             ]
-            for found in hits
+            for found, tenant in zip(hits, tenants, strict=True)
         ]
         lexical_only = lexical_only_ids(rows, dense=dense, lexical=bool(sparse))
         # lexical-only points exist only beside a dense query, which is queries[0]
