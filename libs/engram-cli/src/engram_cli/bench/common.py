@@ -21,7 +21,14 @@ class RetrievalProcess:
     entered as the :class:`MemoryPort` on it; ``extra_env`` adds or overrides
     ``ENGRAM_*`` settings for it."""
 
-    def __init__(self, data_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        extra_env: dict[str, str] | None = None,
+        *,
+        ready_timeout_s: float = 120.0,
+    ) -> None:
+        self.ready_timeout_s = ready_timeout_s
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.data_dir = data_dir
@@ -49,12 +56,14 @@ class RetrievalProcess:
             str(script), env=env, stdout=self.log, stderr=asyncio.subprocess.STDOUT
         )
         self.client = RetrievalClient(self.address, timeout_s=60)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + self.ready_timeout_s
         while not await self.client.is_serving():
             if self.process.returncode is not None:
                 raise RuntimeError(f"engram-retrieval exited; see {self.data_dir}/retrieval.log")
             if time.monotonic() > deadline:
-                raise RuntimeError("engram-retrieval not serving after 120s")
+                raise RuntimeError(
+                    f"engram-retrieval not serving after {self.ready_timeout_s:.0f}s"
+                )
             await asyncio.sleep(0.2)
         return MemoryPort(self.client)
 

@@ -55,6 +55,8 @@ DEFAULT_ENGINE = "edge"
 # contender, so it only runs up to this size unless told otherwise.
 LOCAL_MODE_MAX = 10_000
 WARM_UP = 10
+#: How long a restart on a large store may take to serve before the bench gives up.
+RESTART_TIMEOUT_S = 900.0
 STAGES = ("embed_ms", "candidates_ms", "rerank_ms", "mmr_ms")
 
 
@@ -192,7 +194,38 @@ async def bench_engine(
                     "settle_wait_s": settled_s,
                     **process_memory_mb(process.pid),
                 }
+                # a long run stopped early still leaves what it measured
+                partial = Path(args.out) / f"partial-{engine}.json"
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps(rows, indent=2))
+        if args.restart and sizes:
+            rows[str(sizes[-1])]["restart"] = await measure_restart(
+                Path(tmp), env, queries(list(corpus[: sizes[-1]]), 1)[0]
+            )
     return rows
+
+
+async def measure_restart(
+    data_dir: Path, env: dict[str, str], ask: tuple[str, ...]
+) -> dict[str, Any]:
+    """A fresh process on the same store: seconds until it reports SERVING, until its
+    first Search is answered, and its memory then."""
+    sys.stderr.write("restarting engram-retrieval on the same store\n")
+    started = time.perf_counter()
+    process = RetrievalProcess(data_dir, extra_env=env, ready_timeout_s=RESTART_TIMEOUT_S)
+    async with process as memories:
+        serving_s = time.perf_counter() - started
+        tenant, user_id, conversation_id, question = ask
+        await memories.search(
+            SearchQuery(
+                tenant=tenant, text=question, user_id=user_id, conversation_id=conversation_id
+            )
+        )
+        return {
+            "serving_s": round(serving_s, 2),
+            "first_search_s": round(time.perf_counter() - started, 2),
+            **process_memory_mb(process.pid),
+        }
 
 
 TABLE_TITLE = "Search latency in ms (conversation scope, all scopes), memory in MB"
@@ -309,6 +342,15 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print_table(*table(results), title=TABLE_TITLE)
+    for engine, by_size in results.items():
+        for stored, row in by_size.items():
+            if "restart" in row:
+                again = row["restart"]
+                print(
+                    f"{engine} at {stored}: restarted, serving after {again['serving_s']} s, "
+                    f"first Search answered after {again['first_search_s']} s, "
+                    f"RSS {again['rss_mb']} MB"
+                )
     document = {
         "benchmark": "scale",
         "machine": {
@@ -362,6 +404,12 @@ def add_scale_parser(
         type=int,
         default=LOCAL_MODE_MAX,
         help="largest size run on qdrant-local (pure-Python local mode)",
+    )
+    scale.add_argument(
+        "--restart",
+        action="store_true",
+        help="after the largest size, restart retrieval on the same store and time it "
+        "until serving and until its first Search",
     )
     scale.add_argument("--out", default="bench-results/scale", help="output directory")
     scale.set_defaults(func=handler, run=_cmd_scale)
