@@ -262,22 +262,16 @@ async def test_the_mirror_writes_files_tombstones_and_commits(learning: Stack) -
     await wait_for(committed, 30, what="a git commit containing the fact file")
 
 
-async def test_one_process_runs_every_worker_and_a_turn_reaches_each(learning: Stack) -> None:
-    """`engram up`'s default: the six workers in one process (engram-workers), a turn
-    still goes through ingest, reconcile, summarize, the mirror, and a hand edit of the
-    mirror through edits (evict: the eviction test below, same layout)."""
-    assert [c.name for c in learning.components] == ["retrieval", "gateway", "workers"]
-    (workers,) = [c for c in learning.components if c.name == "workers"]
-    assert workers.process is not None and workers.process.poll() is None
-    assert Path(workers.command[0]).name == "engram-workers" and "--only" not in workers.command
-
-    memory = Memory(learning, "seed-one-process", user="user-one-process")
+async def learn_then_edit_by_hand(stack: Stack, name: str) -> Memory:
+    """A turn goes through ingest and reconcile (a fact), summarize (the summary), the
+    mirror (the fact's file), and a hand edit of that file through edits."""
+    memory = Memory(stack, f"seed-{name}", user=f"user-{name}")
     await memory.chat("I love kayaks.")
     await memory.until_facts(["User loves kayaks"])  # ingest, then reconcile
     await wait_for(
         lambda: memory.memories(pb.MEMORY_KIND_SUMMARY), 30, what="the summary (summarize)"
     )
-    facts_dir = learning.data_dir / "mirror" / TENANT / "@user-one-process" / "seed-one-process"
+    facts_dir = stack.data_dir / "mirror" / TENANT / f"@user-{name}" / f"seed-{name}"
 
     def fact_file() -> Path | None:
         found = [p for p in facts_dir.glob("facts/*.md") if "User loves kayaks" in p.read_text()]
@@ -289,6 +283,19 @@ async def test_one_process_runs_every_worker_and_a_turn_reaches_each(learning: S
     path = await wait_for(fact_file, 30, what="the fact's mirror file (mirror)")
     await asyncio.to_thread(edit_by_hand, path)
     await memory.until_facts(["User loves canoes"])  # the watcher, then edits
+    return memory
+
+
+async def test_one_process_runs_every_worker_and_a_turn_reaches_each(learning: Stack) -> None:
+    """`engram up`'s default: the six workers in one process (engram-workers), a turn
+    still goes through ingest, reconcile, summarize, the mirror, and a hand edit of the
+    mirror through edits (evict: the eviction test below, same layout)."""
+    assert [c.name for c in learning.components] == ["retrieval", "gateway", "workers"]
+    (workers,) = [c for c in learning.components if c.name == "workers"]
+    assert workers.process is not None and workers.process.poll() is None
+    assert Path(workers.command[0]).name == "engram-workers" and "--only" not in workers.command
+
+    await learn_then_edit_by_hand(learning, "one-process")
 
 
 async def test_the_light_layout_serves_memory_from_one_process_for_retrieval_and_workers(
@@ -300,23 +307,7 @@ async def test_the_light_layout_serves_memory_from_one_process_for_retrieval_and
     assert [c.name for c in light.components] == ["node", "gateway"]
     (node,) = [c for c in light.components if c.name == "node"]
     assert node.command[1:3] == ["-m", "engram_cli.stack.node"]
-    memory = Memory(light, "seed-light", user="user-light")
-    await memory.chat("I love kayaks.")
-    await memory.until_facts(["User loves kayaks"])  # ingest, then reconcile
-    await wait_for(
-        lambda: memory.memories(pb.MEMORY_KIND_SUMMARY), 30, what="the summary (summarize)"
-    )
-    facts_dir = light.data_dir / "mirror" / TENANT / "@user-light" / "seed-light"
-
-    def fact_file() -> Path | None:
-        found = [p for p in facts_dir.glob("facts/*.md") if "kayaks" in p.read_text()]
-        return found[0] if found else None
-
-    path = await wait_for(fact_file, 30, what="the fact's mirror file (mirror)")
-    await asyncio.to_thread(
-        path.write_text, path.read_text().replace("kayaks", "canoes"), encoding="utf-8"
-    )
-    await memory.until_facts(["User loves canoes"])  # the watcher, then edits
+    memory = await learn_then_edit_by_hand(light, "light")
     asked: list[Any] = []
 
     async def recalled() -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -47,3 +48,13 @@ def run(main: Coroutine[Any, Any, T], choice: EventLoopChoice) -> T:
 def running_loop_name() -> str:
     """``uvloop`` or ``asyncio``: the loop this coroutine runs on (for start-up logs)."""
     return type(asyncio.get_running_loop()).__module__.partition(".")[0]
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event the running loop sets on SIGTERM or SIGINT: what a service waits on
+    before it shuts down gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -238,10 +237,7 @@ async def serve(settings: RetrievalSettings) -> None:
             embedding_model=running.servicer.embedder.model_id,
             event_loop=event_loop.running_loop_name(),
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        stop = event_loop.stop_on_signals()
         await stop.wait()
         log.info("retrieval.stopping", grace_s=settings.shutdown_grace_s)
         await running.stop()

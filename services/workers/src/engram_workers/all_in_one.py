@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import importlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,10 +115,7 @@ async def serve_together(workers: Sequence[Worker[Any, Any, Any]], stop: asyncio
 
 
 async def _serve_until_signalled(selected: Sequence[Selected]) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = event_loop.stop_on_signals()
     # Built inside the running loop, as a Worker must be.
     await serve_together([Worker(chosen.spec, chosen.settings) for chosen in selected], stop)
 

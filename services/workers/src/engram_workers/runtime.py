@@ -33,7 +33,6 @@ owns everything else:
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -923,10 +922,7 @@ async def outcome_list(awaitable: Awaitable[Sequence[Outcome]], count: int) -> S
 
 
 async def _serve_until_signalled(spec: WorkerSpec[Any, S, Any], settings: S) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = event_loop.stop_on_signals()
     await Worker(spec, settings).serve(stop)
 
 

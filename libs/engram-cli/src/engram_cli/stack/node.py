@@ -18,8 +18,6 @@ so no worker is left calling a closed store. A worker that fails stops the proce
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -65,10 +63,7 @@ async def serve_node(retrieval: RetrievalSettings, workers: Sequence[Selected]) 
         embedding_model=running.servicer.embedder.model_id,
         event_loop=event_loop.running_loop_name(),
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = event_loop.stop_on_signals()
     try:
         await serve_together(
             [Worker(chosen.spec, chosen.settings, memory_port=in_process) for chosen in workers],
