@@ -140,8 +140,13 @@ def assert_well_formed(trace: list[Span]) -> None:
     for span in processes:
         parent = by_id[span["parent_span_id"]]
         subject = span["attributes"]["messaging.destination.name"]
+        assert parent["attributes"]["messaging.destination.name"] == subject
+        # a memory change's subject names its kind and op; the span names its event
+        event = span["attributes"].get("messaging.destination.template", subject)
+        if event == CHANGED:
+            assert subject.startswith(f"{CHANGED}.") and subject.count(".") == 5, subject
         assert span["kind"] == "CONSUMER" and parent["kind"] == "PRODUCER", (span, parent)
-        assert parent["name"] == f"publish {subject}" and span["name"] == f"process {subject}"
+        assert parent["name"] == f"publish {event}" and span["name"] == f"process {event}"
         for s in (span, parent):
             assert s["attributes"]["messaging.system"] == "nats"
             assert s["attributes"]["messaging.message.id"]

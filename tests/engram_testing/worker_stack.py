@@ -259,7 +259,7 @@ async def _read(nats_url: str, subject: str, model: type[M]) -> list[M]:
 
 async def published(nats_url: str, event_type: type[E]) -> list[E]:
     """Every event of this type now in the stream, oldest first."""
-    return await _read(nats_url, event_type.subject, event_type)
+    return await _read(nats_url, event_type.subjects_wildcard(), event_type)
 
 
 async def dead_letters(nats_url: str, worker: str) -> list[DeadLetter]:

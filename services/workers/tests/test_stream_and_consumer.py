@@ -14,9 +14,16 @@ from engram_core.bus import (
     ensure_consumer,
     ensure_stream,
     key_value_bucket,
+    publish_event,
 )
-from engram_core.events import STREAM_NAME
+from engram_core.events import STREAM_NAME, MemoryChanged, MemoryChangeOp
+from engram_core.memory import MemoryKindName, MemoryRecord
 from engram_core.retry import RetryPolicy
+from engram_testing.worker_stack import quick_settings
+from engram_workers.evict import EVICT, EvictSettings
+from engram_workers.mirror.app import MIRROR, MirrorSettings
+from engram_workers.runtime import Worker
+from engram_workers.summarize.app import SUMMARIZE, SummarizeSettings
 
 pytestmark = pytest.mark.integration
 
@@ -135,3 +142,69 @@ async def test_a_stop_while_waiting_for_nats_ends_the_wait(nats_server, ingest) 
     await asyncio.sleep(0.5)
     stop.set()
     await asyncio.wait_for(serving, 10)  # returns: nothing hangs on the unreachable server
+
+
+async def test_workers_are_delivered_only_the_memory_changes_they_act_on(
+    nats_url: str, publisher
+) -> None:
+    """Summarize and evict ignore most changes (a summary rewrite, a profile entry):
+    their consumers filter on the subjects of the changes they act on, so those are
+    never delivered; the mirror takes every change. A change published before
+    subjects per kind (on the bare subject) still reaches every one of them, and a
+    consumer declared before is updated in place."""
+    await ensure_stream(nats_url)
+    await ensure_consumer(
+        nats_url,
+        ConsumerConfig(
+            name="evict", durable_name="evict", filter_subject=MemoryChanged.subject, ack_wait=30
+        ),
+    )
+    common = quick_settings(nats_url)
+    configs = [
+        Worker(SUMMARIZE, SummarizeSettings(**common)).consumer_config(),
+        Worker(EVICT, EvictSettings(**common)).consumer_config(),
+        Worker(MIRROR, MirrorSettings(**common)).consumer_config(),
+    ]
+    for config in configs:
+        await ensure_consumer(nats_url, config)
+
+    def change(kind: MemoryKindName, op: MemoryChangeOp) -> MemoryChanged:
+        memory = MemoryRecord(id=f"{kind}-{op}", kind=kind, text=f"a {kind}", user_id="u1")
+        return MemoryChanged(tenant="t1", user_id="u1", op=op, memory=memory)
+
+    published: list[tuple[MemoryKindName, MemoryChangeOp]] = [
+        ("turn", "created"),
+        ("fact", "created"),
+        ("fact", "superseded"),
+        ("summary", "created"),
+        ("summary", "superseded"),
+        ("profile", "created"),
+        ("episode", "created"),
+        ("turn", "evicted"),
+    ]
+    for kind, op in published:
+        await publish_event(publisher, change(kind, op))
+    from_before = change("fact", "deleted")
+    await publisher.publish(
+        from_before.model_dump(mode="json"),
+        subject=MemoryChanged.subject,
+        headers={"Nats-Msg-Id": from_before.event_id},
+        stream=STREAM_NAME,
+    )
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        pending = {
+            name: (await js.consumer_info(STREAM_NAME, name)).num_pending
+            for name in ("summarize", "evict", "mirror")
+        }
+    finally:
+        await nc.close()
+    assert pending == {
+        # turn and fact created, the fact superseded; the change from before
+        "summarize": 3 + 1,
+        # a turn, a fact, an episode created (each may take a conversation over its limit)
+        "evict": 3 + 1,
+        "mirror": 8 + 1,
+    }

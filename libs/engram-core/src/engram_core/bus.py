@@ -332,7 +332,7 @@ async def publish_event(
     ack = await publish_with_retries(
         broker,
         event.model_dump(mode="json"),
-        subject=event.subject,
+        subject=event.published_subject,
         msg_id=event.event_id,
         headers=headers,
         retry_s=retry_s,

@@ -35,7 +35,14 @@ from nats.js.api import PubAck, RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 from pydantic import ValidationError
 
-from engram_core.events import DLQ_PREFIX, STREAM_NAME, DeadLetter, dlq_subject, utcnow
+from engram_core.events import (
+    DLQ_PREFIX,
+    STREAM_NAME,
+    DeadLetter,
+    dlq_subject,
+    event_subject,
+    utcnow,
+)
 from engram_core.retry import retry_transient
 
 ALL_DEAD_LETTERS = f"{DLQ_PREFIX}.>"
@@ -101,7 +108,8 @@ class DeadLetterFilter:
     """Which dead letters to select; every field left ``None`` matches everything."""
 
     worker: str | None = None
-    #: The original subject, exactly (``engram.turn.persisted.v1``).
+    #: The original subject (``engram.turn.persisted.v1``), or the event subject it
+    #: extends (``engram.memory.changed.v1`` matches ``engram.memory.changed.v1.fact.created``).
     subject: str | None = None
     #: A substring of the reason, case-insensitive.
     reason: str | None = None
@@ -114,7 +122,10 @@ class DeadLetterFilter:
         letter = stored.letter
         if self.worker is not None and letter.worker != self.worker:
             return False
-        if self.subject is not None and letter.subject != self.subject:
+        if self.subject is not None and self.subject not in (
+            letter.subject,
+            event_subject(letter.subject),
+        ):
             return False
         if self.reason is not None and self.reason.lower() not in letter.reason.lower():
             return False

@@ -9,14 +9,16 @@ creates a duplicate.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engram_core import ids
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
+    KIND_NAMES,
     MemoryRecord,
     NonEmpty,
     ProposedProfileFact,
@@ -40,6 +42,9 @@ class Event(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: The event's subject; for an event published on one subject per kind of content
+    #: (:class:`MemoryChanged`), the subject its subjects extend, which names it in
+    #: span names, logs and docs.
     subject: ClassVar[str]
 
     event_id: NonEmpty = Field(default_factory=new_event_id)
@@ -49,6 +54,21 @@ class Event(BaseModel):
     tenant: NonEmpty
     user_id: str = ""
     conversation_id: NonEmpty = DEFAULT_CONVERSATION
+
+    @property
+    def published_subject(self) -> str:
+        """The subject this event is published on."""
+        return self.subject
+
+    @classmethod
+    def consumed_subjects(cls) -> tuple[str, ...]:
+        """Every subject that carries this event (a consumer of all of them filters on these)."""
+        return (cls.subject,)
+
+    @classmethod
+    def subjects_wildcard(cls) -> str:
+        """One subject filter matching every subject this event is published on now."""
+        return cls.subject
 
 
 class TurnPersisted(Event):
@@ -134,11 +154,18 @@ class FactProposed(Event):
 
 
 MemoryChangeOp = Literal["created", "updated", "superseded", "deleted", "evicted"]
+MEMORY_CHANGE_OPS: tuple[MemoryChangeOp, ...] = get_args(MemoryChangeOp)
 
 
 class MemoryChanged(Event):
     """One applied change to the index. ``memory`` is the state after the change
-    (for ``deleted``/``evicted``: the state just before removal)."""
+    (for ``deleted``/``evicted``: the state just before removal).
+
+    Published on ``engram.memory.changed.v1.<kind>.<op>`` so a worker subscribes to the
+    changes it acts on and is never delivered the rest (summarize and evict ignore most
+    kinds and ops). Changes published before subjects per kind are on the bare
+    ``engram.memory.changed.v1``; every consumer keeps that subject too, so a backlog
+    from before an upgrade is still consumed."""
 
     subject: ClassVar[str] = "engram.memory.changed.v1"
 
@@ -152,6 +179,37 @@ class MemoryChanged(Event):
         default_factory=list,
         description="Other memories involved, e.g. the fact that superseded this one.",
     )
+
+    @property
+    def published_subject(self) -> str:
+        return memory_changed_subject(self.memory.kind, self.op)
+
+    @classmethod
+    def consumed_subjects(cls) -> tuple[str, ...]:
+        return (cls.subject, f"{cls.subject}.>")
+
+    @classmethod
+    def subjects_wildcard(cls) -> str:
+        return f"{cls.subject}.>"
+
+    @classmethod
+    def subjects_where(cls, wanted: Callable[[str, MemoryChangeOp], bool]) -> tuple[str, ...]:
+        """The subjects of the changes a consumer acts on (``wanted(kind, op)``), and the
+        bare subject of changes published before subjects per kind."""
+        return (
+            cls.subject,
+            *(
+                memory_changed_subject(kind, op)
+                for kind in KIND_NAMES
+                for op in MEMORY_CHANGE_OPS
+                if wanted(kind, op)
+            ),
+        )
+
+
+def memory_changed_subject(kind: str, op: MemoryChangeOp) -> str:
+    """``engram.memory.changed.v1.<kind>.<op>``: where a change of this kind is published."""
+    return f"{MemoryChanged.subject}.{kind}.{op}"
 
 
 MemoryEditOp = Literal["upserted", "deleted"]
@@ -169,6 +227,16 @@ class MemoryEdited(Event):
 
 
 ALL_EVENTS: tuple[type[Event], ...] = (TurnPersisted, FactProposed, MemoryChanged, MemoryEdited)
+
+
+def event_subject(subject: str) -> str:
+    """The event subject a published subject belongs to (``engram.memory.changed.v1``
+    for ``engram.memory.changed.v1.fact.created``); any other subject as it is. Span
+    names and metrics say this, so they do not multiply by kind and op."""
+    for event in ALL_EVENTS:
+        if subject == event.subject or subject.startswith(f"{event.subject}."):
+            return event.subject
+    return subject
 
 
 #: The CLI's ``engram reextract`` still names it here (the ids live in engram_core.ids).

@@ -5,12 +5,15 @@ span between the producer and the consumer (so a ``process`` span's parent is no
 ``publish`` span) and still sets the deprecated ``messaging.operation``. This one is
 what the conventions describe for single-message sends:
 
-- ``publish <subject>`` (PRODUCER) around the JetStream publish, its context injected
+- ``publish <event subject>`` (PRODUCER) around the JetStream publish, its context injected
   into the message headers as W3C ``traceparent``/``tracestate``;
-- ``process <subject>`` (CONSUMER) around the handler, a child of that publish span,
+- ``process <event subject>`` (CONSUMER) around the handler, a child of that publish span,
   current while the handler runs (so its log lines, RPCs and publishes join the trace).
 
-Both carry ``messaging.system=nats``, ``messaging.destination.name`` (the subject),
+The span name says the event's subject (``engram.memory.changed.v1``, not the kind and
+op its subjects add: span names stay few); ``messaging.destination.name`` is the
+subject exactly and ``messaging.destination.template`` the event's subject where the
+two differ. Both carry ``messaging.system=nats``,
 ``messaging.operation.type`` (``send``/``process``), ``messaging.operation.name``
 (``publish``/``process``) and ``messaging.message.id`` (the ``Nats-Msg-Id`` header:
 Engram's ``event_id``).
@@ -30,6 +33,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
 from engram_core import semconv
+from engram_core.events import event_subject
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 
@@ -41,6 +45,8 @@ def _base_attributes(subject: str, message_id: str | None) -> dict[str, Any]:
         semconv.MESSAGING_SYSTEM: semconv.MESSAGING_SYSTEM_NATS,
         semconv.MESSAGING_DESTINATION_NAME: subject,
     }
+    if (template := event_subject(subject)) != subject:
+        attributes[semconv.MESSAGING_DESTINATION_TEMPLATE] = template
     if message_id:
         attributes[semconv.MESSAGING_MESSAGE_ID] = message_id
     return attributes
@@ -57,7 +63,7 @@ class NatsTracingMiddleware(BaseMiddleware[NatsPublishCommand, Any]):
         attributes[semconv.MESSAGING_OPERATION_TYPE] = semconv.MESSAGING_OPERATION_SEND
         attributes[semconv.MESSAGING_OPERATION_NAME] = "publish"
         with _tracer.start_as_current_span(
-            f"publish {subject}", kind=SpanKind.PRODUCER, attributes=attributes
+            f"publish {event_subject(subject)}", kind=SpanKind.PRODUCER, attributes=attributes
         ):
             # The consumer's span becomes a child of this one, in whatever process.
             propagate.inject(cmd.headers)
@@ -77,7 +83,7 @@ class NatsTracingMiddleware(BaseMiddleware[NatsPublishCommand, Any]):
 
 
 def start_process_span(subject: str, headers: Mapping[str, str], body_size: int, raw: Msg) -> Span:
-    """The ``process <subject>`` CONSUMER span of one received message, a child of its
+    """The ``process <event subject>`` CONSUMER span of one received message, a child of its
     publisher's span (from the headers), started but not made current: a worker
     handling a batch keeps one per message and ends each when its message is settled."""
     attributes = _base_attributes(subject, headers.get(MSG_ID_HEADER))
@@ -92,7 +98,7 @@ def start_process_span(subject: str, headers: Mapping[str, str], body_size: int,
         attributes[semconv.MESSAGING_CONSUMER_GROUP_NAME] = metadata.consumer or ""
         attributes[semconv.MESSAGING_DELIVERY_COUNT] = metadata.num_delivered or 1
     return _tracer.start_span(
-        f"process {subject}",
+        f"process {event_subject(subject)}",
         context=propagate.extract(dict(headers)),
         kind=SpanKind.CONSUMER,
         attributes=attributes,

@@ -14,6 +14,7 @@ from typing import Final
 MESSAGING_SYSTEM: Final = "messaging.system"
 MESSAGING_SYSTEM_NATS: Final = "nats"
 MESSAGING_DESTINATION_NAME: Final = "messaging.destination.name"
+MESSAGING_DESTINATION_TEMPLATE: Final = "messaging.destination.template"
 MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
 MESSAGING_OPERATION_NAME: Final = "messaging.operation.name"
 #: ``publish`` is the deprecated spelling of ``send`` in the current conventions.

@@ -1,7 +1,8 @@
 """Evict worker: keeps each conversation under ``max_entries`` memories.
 
-Consumes ``engram.memory.changed.v1`` (durable consumer ``evict``). Every ``created``
-turn, fact or episode in a user's conversation triggers a check: retrieval ``Count`` of
+Consumes the ``created`` changes of the counted kinds (durable consumer ``evict``,
+subscribed to ``engram.memory.changed.v1.<kind>.created`` of those kinds only). Every
+``created`` turn, fact or episode in a user's conversation triggers a check: retrieval ``Count`` of
 the memories subject to eviction — turns, facts (superseded ones included: they still
 take space) and episodes. Summaries and profile entries are exempt: not counted, and
 their changes trigger no check. Above the limit, the excess is removed in this order,
@@ -37,7 +38,7 @@ from datetime import UTC, datetime
 from pydantic import Field
 
 from engram_core import lifecycle
-from engram_core.events import MemoryChanged
+from engram_core.events import MemoryChanged, MemoryChangeOp
 from engram_core.kinds import KINDS, Eviction, kind_names, kind_policy
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
@@ -163,8 +164,13 @@ def _counted_scope(event: MemoryChanged) -> MemoryFilter:
 
 
 def _triggers_check(event: MemoryChanged) -> bool:
-    """Only a new memory of a counted kind can take a conversation over its limit."""
-    return event.op == "created" and _eviction(event.memory.kind) is not None
+    return triggers_check(event.memory.kind, event.op)
+
+
+def triggers_check(kind: str, op: MemoryChangeOp) -> bool:
+    """Only a new memory of a counted kind can take a conversation over its limit (the
+    consumer is subscribed to those changes only)."""
+    return op == "created" and _eviction(kind) is not None
 
 
 async def evict_batch(items: Sequence[EvictItem]) -> list[Outcome]:
@@ -232,6 +238,7 @@ EVICT = WorkerSpec(
     handle=evict,
     handle_batch=evict_batch,
     resources=open_resources,
+    subjects=MemoryChanged.subjects_where(triggers_check),
 )
 
 

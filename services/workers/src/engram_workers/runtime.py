@@ -69,7 +69,7 @@ from engram_core.bus import (
     until_reachable,
 )
 from engram_core.dead_letters import REPLAY_HEADER
-from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject
+from engram_core.events import STREAM_NAME, DeadLetter, Event, dlq_subject, event_subject
 from engram_core.logging import get_logger
 from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.messaging_telemetry import start_process_span
@@ -333,10 +333,18 @@ class WorkerSpec(Generic[E, S, R]):
     handle_batch: Callable[[Sequence[BatchItem[E, S, R]]], Awaitable[Sequence[Outcome]]] | None = (
         None
     )
+    #: The subjects its consumer filters on; empty: every subject of ``event``. A worker
+    #: that ignores most memory changes names those it acts on
+    #: (:meth:`MemoryChanged.subjects_where`), so the rest are never delivered to it.
+    subjects: tuple[str, ...] = ()
 
     @property
     def service_name(self) -> str:
         return f"engram-{self.name}"
+
+    @property
+    def filter_subjects(self) -> tuple[str, ...]:
+        return self.subjects or self.event.consumed_subjects()
 
 
 #: Opens the memories a worker reads and writes, for as long as it runs.
@@ -433,11 +441,15 @@ class Worker(Generic[E, S, R]):
     # -- lifecycle -----------------------------------------------------------------
 
     def consumer_config(self) -> ConsumerConfig:
+        subjects = self.spec.filter_subjects
         return ConsumerConfig(
             name=self.spec.name,
             durable_name=self.spec.name,
             description=f"Engram {self.spec.name} worker",
-            filter_subject=self.spec.event.subject,
+            # One subject as filter_subject: a consumer declared before subjects per
+            # kind is updated in place either way (nats-server >= 2.10).
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=list(subjects) if len(subjects) > 1 else None,
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=ConsumerAckPolicy.EXPLICIT,
             ack_wait=self.settings.ack_wait_s,
@@ -539,7 +551,7 @@ class Worker(Generic[E, S, R]):
         log.info(
             "worker.consumer_ready",
             worker=self.spec.name,
-            subject=self.spec.event.subject,
+            subjects=list(self.spec.filter_subjects),
             pending=info.num_pending,
             max_deliver=self.settings.max_deliver,
             retry_backoff_s=list(self.retry_policy.backoff_s),
@@ -875,7 +887,8 @@ class Worker(Generic[E, S, R]):
     def _metric_attributes(self, message: Msg) -> dict[str, str]:
         return {
             semconv.ENGRAM_WORKER: self.spec.name,
-            semconv.MESSAGING_DESTINATION_NAME: message.subject,
+            # The event's subject, not the kind and op a memory change's subject adds.
+            semconv.MESSAGING_DESTINATION_NAME: event_subject(message.subject),
         }
 
     async def _keep_in_progress_forever(self) -> None:

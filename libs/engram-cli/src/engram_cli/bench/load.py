@@ -222,6 +222,24 @@ class Backlog:
             backlog[worker] = int(info.num_pending) + int(info.num_ack_pending)
         return backlog
 
+    async def deliveries(self) -> dict[str, int]:
+        """Messages each worker's consumer has delivered so far, redeliveries included
+        (its consumer sequence)."""
+        delivered = {}
+        for worker in self.workers:
+            info = await self.js.consumer_info(STREAM_NAME, worker)
+            delivered[worker] = int(info.delivered.consumer_seq or 0) if info.delivered else 0
+        return delivered
+
+    @staticmethod
+    def deliveries_per_unit(
+        before: dict[str, int], after: dict[str, int], units: int
+    ) -> dict[str, float]:
+        """``{worker: deliveries per turn, "total": …}`` between the two reads."""
+        table = {w: round((after[w] - before.get(w, 0)) / max(1, units), 3) for w in after}
+        table["total"] = round(sum(table.values()), 3)
+        return table
+
     async def wait_drained(self, timeout_s: float = DRAIN_TIMEOUT_S) -> float:
         """Wait until no worker has anything left; returns the seconds waited."""
         started = time.perf_counter()

@@ -254,6 +254,7 @@ class Run:
     async def pipeline(self, turns: int, first: int) -> dict[str, Any]:
         before, load = self.meter.read(), _load()
         calls_before = await self.rpc_calls.read()
+        deliveries_before = await self.backlog.deliveries()
         started = time.perf_counter()
         async with self.backlog.sampled() as series:
             result = await drive_pipeline(
@@ -277,6 +278,9 @@ class Run:
             "cpu_ms_per_turn": CpuMeter.per_unit(before, self.meter.read(), result["turns"]),
             "retrieval_calls": RpcCalls.per_unit(
                 calls_before, await self.rpc_calls.read(), result["turns"]
+            ),
+            "deliveries_per_turn": Backlog.deliveries_per_unit(
+                deliveries_before, await self.backlog.deliveries(), result["turns"]
             ),
             "load_avg_1m": load,
             "backlog_series": series,

@@ -298,12 +298,23 @@ def _retrieval_calls_table(results: dict[str, Any]) -> None:
         )
 
 
+def _deliveries_table(results: dict[str, Any]) -> None:
+    deliveries = results["pipeline"].get("deliveries_per_turn") or {}
+    if deliveries:
+        print_table(
+            ["worker", "deliveries/turn"],
+            [[worker, count] for worker, count in deliveries.items()],
+            title="messages delivered to each worker per turn (pipeline phase)",
+        )
+
+
 def print_report(results: dict[str, Any]) -> None:
     _latency_table(results)
     _throughput_table(results)
     _cpu_table(results)
     _pipeline_table(results)
     _retrieval_calls_table(results)
+    _deliveries_table(results)
     _profile_table(results)
     print_table(
         ["target", "wanted", "measured", "met"],

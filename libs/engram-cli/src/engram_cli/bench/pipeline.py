@@ -107,7 +107,7 @@ async def drive_pipeline(
 
     nc = await nats.connect(servers=parse_nats_urls(settings.nats_url))
     await nc.subscribe(TurnPersisted.subject, cb=on_turn)
-    await nc.subscribe(MemoryChanged.subject, cb=on_change)
+    await nc.subscribe(MemoryChanged.subjects_wildcard(), cb=on_change)
     base = f"{settings.local_gateway_url}/v1"
     failures = 0
 

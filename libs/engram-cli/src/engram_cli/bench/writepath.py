@@ -133,7 +133,7 @@ async def _drive(
             seen.setdefault(token, {}).setdefault(stage, time.perf_counter())
 
     nc = await nats.connect(servers=parse_nats_urls(settings.nats_url))
-    await nc.subscribe("engram.memory.changed.v1", cb=on_change)
+    await nc.subscribe(MemoryChanged.subjects_wildcard(), cb=on_change)
     base = f"{settings.local_gateway_url}/v1"
     async with httpx2.AsyncClient(base_url=base, timeout=60) as http:
         with ProgressBar("chatting", turns) as bar:

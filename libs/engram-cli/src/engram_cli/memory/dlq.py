@@ -83,7 +83,11 @@ def add_dlq_parser(
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", help="only this worker's letters (ingest, reconcile, ...)")
-    parser.add_argument("--subject", help="only letters of messages on this subject")
+    parser.add_argument(
+        "--subject",
+        help="only letters of messages on this subject, or of this event "
+        "(engram.memory.changed.v1: every memory change)",
+    )
     parser.add_argument("--reason", help="only letters whose reason contains this (any case)")
     parser.add_argument("--older-than", type=parse_duration, metavar="AGE")
     parser.add_argument("--newer-than", type=parse_duration, metavar="AGE")

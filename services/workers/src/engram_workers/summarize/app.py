@@ -1,6 +1,7 @@
 """Summarize worker: the rolling summary of each user's conversation, and its episodes.
 
-Consumes ``engram.memory.changed.v1`` (durable consumer ``summarize``):
+Consumes the memory changes it acts on (durable consumer ``summarize``, subscribed to
+their subjects ``engram.memory.changed.v1.<kind>.<op>`` only: :func:`job_for`):
 
 - a **fact** ``created`` → fold the new fact (and any other current fact the summary
   does not include yet) into the rolling summary of the user's conversation, which
@@ -10,7 +11,7 @@ Consumes ``engram.memory.changed.v1`` (durable consumer ``summarize``):
 - a **turn** ``created`` → when at least ``episode_turns + 1`` turns are not yet covered
   by an episode, compress the oldest ``episode_turns`` of them into one ``episode``.
 
-Changes this worker caused itself (kinds ``summary`` and ``episode``) are ignored, except
+Changes this worker caused itself (kinds ``summary`` and ``episode``) are not delivered, except
 that an episode deleted or evicted makes it forget the boundary it remembered for that
 conversation (:class:`EpisodeBoundaries`). Each job holds a lock on the user's
 conversation, so two replicas never fold into the same summary at once (no lost update)
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -162,19 +163,33 @@ async def open_resources(
 # --- the handler -------------------------------------------------------------------------
 
 
-async def summarize(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
-    kind, op = event.memory.kind, event.op
+SummarizeJob = Callable[[MemoryChanged, "SummarizeDelivery"], Awaitable[None]]
+
+
+def job_for(kind: str, op: MemoryChangeOp) -> SummarizeJob | None:
+    """What a change of this kind and op asks of the worker; None: nothing (and its
+    consumer is not subscribed to it). Summaries and episodes are our own writes coming
+    back; profile entries are recalled on their own and do not feed the summary."""
     policy = kind_policy(kind)
-    # Summaries and episodes are our own writes coming back; profile entries are
-    # recalled on their own and do not feed the summary.
     if policy.folded_into_summary and op == "created":
-        await fold_facts(event, delivery)
-    elif policy.folded_into_summary and op in ("superseded", "deleted"):
-        await drop_superseded(event, delivery)
-    elif policy.compressed_into_episodes and op == "created":
-        await update_episodes(event, delivery)
-    elif kind == "episode" and op in ("deleted", "evicted"):
-        delivery.resources.boundaries.drop(_conversation(event))
+        return fold_facts
+    if policy.folded_into_summary and op in ("superseded", "deleted"):
+        return drop_superseded
+    if policy.compressed_into_episodes and op == "created":
+        return update_episodes
+    if kind == "episode" and op in ("deleted", "evicted"):
+        return forget_boundary
+    return None
+
+
+async def summarize(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
+    job = job_for(event.memory.kind, event.op)
+    if job is not None:
+        await job(event, delivery)
+
+
+async def forget_boundary(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
+    delivery.resources.boundaries.drop(_conversation(event))
 
 
 def _conversation(event: MemoryChanged) -> ConversationKey:
@@ -419,7 +434,11 @@ async def _write_episode(
 
 
 SUMMARIZE = WorkerSpec(
-    name="summarize", event=MemoryChanged, handle=summarize, resources=open_resources
+    name="summarize",
+    event=MemoryChanged,
+    handle=summarize,
+    resources=open_resources,
+    subjects=MemoryChanged.subjects_where(lambda kind, op: job_for(kind, op) is not None),
 )
 
 
