@@ -7,11 +7,17 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib.resources import files
 
 import pytest
+from fastapi import FastAPI
+from starlette.applications import Starlette
 
+from engram_client import mcp_tools
 from engram_gateway.keys import entry_for
+from engram_gateway.mcp_http import LazyMcp
 from engram_gateway.ui import ASSETS, CONTENT_SECURITY_POLICY
 
 from .conftest import StartGateway
@@ -105,3 +111,42 @@ def test_the_mcp_sdk_is_loaded_by_the_first_mcp_request_not_at_start() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert loaded.stdout.strip() == "[]", loaded.stdout
+
+
+class _SessionsThatFail:
+    """An MCP server whose session manager cannot start (its task group failed)."""
+
+    starts = 0
+
+    def streamable_http_app(self, **_: object) -> Starlette:
+        return Starlette()
+
+    @property
+    def session_manager(self) -> _SessionsThatFail:
+        return self
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        type(self).starts += 1
+        raise RuntimeError("the session manager's task group failed")
+        yield
+
+
+async def test_an_mcp_start_that_fails_fails_its_request_is_retried_and_spares_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(mcp_tools, "build_mcp_server", lambda api: _SessionsThatFail())
+    endpoint = LazyMcp(FastAPI(), "127.0.0.1", None)
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": []}
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(_: object) -> None:
+        raise AssertionError("nothing is answered by a server that did not start")
+
+    for attempt in (1, 2):
+        with pytest.raises(RuntimeError, match="task group failed"):
+            await endpoint(scope, receive, send)
+        assert _SessionsThatFail.starts == attempt  # the next request tries again
+    await endpoint.stop()  # the gateway's shutdown is not failed by it

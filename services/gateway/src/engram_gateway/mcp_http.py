@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from typing import TYPE_CHECKING
 
 import httpx2
@@ -33,6 +33,7 @@ from opentelemetry.trace import TracerProvider
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from engram_core.logging import get_logger
 from engram_gateway.upstream import instrument_http_client
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 MCP_PATH = "/mcp"
 #: The in-process API's base URL: never resolved, the transport calls the app directly.
 INTERNAL_BASE_URL = "http://engram-gateway.internal"
+
+log = get_logger(__name__)
 
 
 class LazyMcp:
@@ -82,8 +85,17 @@ class LazyMcp:
                 host=self.host,
             )
             started = asyncio.get_running_loop().create_future()
-            self._runner = asyncio.create_task(self._run(server, started), name="mcp-sessions")
-            await started
+            runner = asyncio.create_task(self._run(server, started), name="mcp-sessions")
+            try:
+                await started
+            except BaseException:
+                # This request fails; the next one starts afresh.
+                self._client = None
+                await client.aclose()
+                with suppress(BaseException):
+                    await runner
+                raise
+            self._runner = runner
             self._routes = Router(routes=list(http_app.routes))
             return self._routes
 
@@ -98,9 +110,14 @@ class LazyMcp:
             raise
 
     async def stop(self) -> None:
+        """Stop the session manager if a request started it; its failure is logged, not
+        raised: the gateway's shutdown goes on."""
         self._stop.set()
         if self._runner is not None:
-            await self._runner
+            try:
+                await self._runner
+            except Exception:
+                log.exception("mcp.sessions_failed")
         if self._client is not None:
             await self._client.aclose()
 
