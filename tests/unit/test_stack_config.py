@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from engram_cli.cli_common import WORKERS
+from engram_cli.stack import node
 from engram_cli.stack.up import ALL_WORKERS, NODE, Stack, StackSettings
 
 
@@ -130,3 +131,13 @@ def test_logs_not_relayed_are_json_unless_asked(
         extra_env={"ENGRAM_LOG_FORMAT": "console"},
     )
     assert asked.log_format == "console"
+
+
+def test_the_light_node_refuses_a_bad_flag_as_engram_workers_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ENGRAM_HEALTH_PORT", raising=False)
+    with pytest.raises(SystemExit, match="engram-node: --health-port-base must be a port"):
+        node.main(["--health-port-base", "70000"])
+    with pytest.raises(SystemExit, match="engram-node: --only: unknown workers"):
+        node.main(["--only", "ingset"])

@@ -80,6 +80,8 @@ def health_port(entry: WorkerEntry, base: int | None) -> int:
 def load_workers(entries: Sequence[WorkerEntry], health_port_base: int | None) -> list[Selected]:
     """Each worker's spec and settings (imported from its module, read from the
     environment); a clear ConfigError for a setting that cannot apply to several."""
+    if health_port_base is not None and not 0 <= health_port_base <= 65535:
+        raise ConfigError("--health-port-base must be a port (0 for none)")
     if os.environ.get("ENGRAM_HEALTH_PORT"):
         raise ConfigError(
             "ENGRAM_HEALTH_PORT names one port, and engram-workers serves one per worker: "
@@ -143,8 +145,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.health_port_base is not None and not 0 <= args.health_port_base <= 65535:
-        sys.exit("engram-workers: --health-port-base must be a port (0 for none)")
     try:
         selected = load_workers(parse_only(args.only), args.health_port_base)
     except ConfigError as exc:
