@@ -16,6 +16,7 @@ from engram_core.events import (
     STREAM_NAME,
     DeadLetter,
     FactProposed,
+    MemoryChanged,
     TurnPersisted,
     dlq_subject,
 )
@@ -129,6 +130,17 @@ async def test_consumers_report_queue_numbers_and_dead_letters_to_an_admin(
                 ack_policy=AckPolicy.EXPLICIT,
             ),
         )
+    # a worker of some memory changes filters on several subjects
+    evict_subjects = MemoryChanged.subjects_where(lambda kind, op: op == "created")
+    await ensure_consumer(
+        nats_url,
+        ConsumerConfig(
+            name="evict",
+            durable_name="evict",
+            filter_subjects=list(evict_subjects),
+            ack_policy=AckPolicy.EXPLICIT,
+        ),
+    )
     nc = await nats.connect(nats_url)
     try:
         for _ in range(2):  # two turns nobody consumed yet: ingest's lag
@@ -149,10 +161,11 @@ async def test_consumers_report_queue_numbers_and_dead_letters_to_an_admin(
     body = response.json()
     assert body["object"] == "list"
     by_worker = {c["worker"]: c for c in body["data"]}
-    assert set(by_worker) == {"ingest", "reconcile"}
+    assert set(by_worker) == {"ingest", "reconcile", "evict"}
     assert by_worker["ingest"] == {
         "worker": "ingest",
         "subject": TurnPersisted.subject,
+        "subjects": [TurnPersisted.subject],
         "pending": 2,
         "ack_pending": 0,
         "redelivered": 0,
@@ -160,6 +173,8 @@ async def test_consumers_report_queue_numbers_and_dead_letters_to_an_admin(
     }
     assert by_worker["reconcile"]["subject"] == FactProposed.subject
     assert by_worker["reconcile"]["dead_letters"] == 1
+    assert by_worker["evict"]["subject"] == MemoryChanged.subject
+    assert by_worker["evict"]["subjects"] == list(evict_subjects)
 
 
 async def test_a_tenants_key_is_refused_every_admin_view(

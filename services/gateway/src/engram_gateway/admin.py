@@ -30,7 +30,7 @@ from engram_core.dead_letters import (
     dead_letter_depth,
     iter_dead_letters,
 )
-from engram_core.events import STREAM_NAME
+from engram_core.events import STREAM_NAME, event_subject
 from engram_core.logging import get_logger
 from engram_gateway.deps import AppState
 from engram_gateway.errors import SERVICE_UNAVAILABLE, GatewayError
@@ -60,7 +60,13 @@ TenantName = Annotated[str, Field(min_length=1, max_length=64, pattern=TENANT_PA
 
 class ConsumerOut(BaseModel):
     worker: str = Field(description="The durable consumer (= worker) name.")
-    subject: str = Field(description="The subject it consumes.")
+    subject: str = Field(
+        description="The event it consumes, by its subject (engram.memory.changed.v1 for a "
+        "worker of memory changes, whichever kinds and changes it takes)."
+    )
+    subjects: list[str] = Field(
+        default_factory=list, description="The subjects its consumer filters on, exactly."
+    )
     pending: int = Field(description="Messages not yet delivered to it (its lag).")
     ack_pending: int = Field(description="Delivered, not yet acknowledged (in work or retry).")
     redelivered: int = Field(description="Messages delivered more than once, now pending.")
@@ -127,9 +133,14 @@ async def _letters(
 
 
 def _consumer_out(info: ConsumerInfo, dead: int) -> ConsumerOut:
+    config = info.config
+    subjects = list(
+        config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    )
     return ConsumerOut(
         worker=info.name,
-        subject=info.config.filter_subject or "",
+        subject=event_subject(subjects[0]) if subjects else "",
+        subjects=subjects,
         pending=int(info.num_pending or 0),
         ack_pending=int(info.num_ack_pending or 0),
         redelivered=int(info.num_redelivered or 0),
