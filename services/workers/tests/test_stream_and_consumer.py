@@ -153,11 +153,24 @@ async def test_workers_are_delivered_only_the_memory_changes_they_act_on(
     subjects per kind (on the bare subject) still reaches every one of them, and a
     consumer declared before is updated in place."""
     await ensure_stream(nats_url)
+
+    def change(kind: MemoryKindName, op: MemoryChangeOp) -> MemoryChanged:
+        memory = MemoryRecord(id=f"{kind}-{op}", kind=kind, text=f"a {kind}", user_id="u1")
+        return MemoryChanged(tenant="t1", user_id="u1", op=op, memory=memory)
+
+    # before the upgrade: evict's consumer on the bare subject, a change waiting there
     await ensure_consumer(
         nats_url,
         ConsumerConfig(
             name="evict", durable_name="evict", filter_subject=MemoryChanged.subject, ack_wait=30
         ),
+    )
+    from_before = change("fact", "deleted")
+    await publisher.publish(
+        from_before.model_dump(mode="json"),
+        subject=MemoryChanged.subject,
+        headers={"Nats-Msg-Id": from_before.event_id},
+        stream=STREAM_NAME,
     )
     common = quick_settings(nats_url)
     configs = [
@@ -167,10 +180,6 @@ async def test_workers_are_delivered_only_the_memory_changes_they_act_on(
     ]
     for config in configs:
         await ensure_consumer(nats_url, config)
-
-    def change(kind: MemoryKindName, op: MemoryChangeOp) -> MemoryChanged:
-        memory = MemoryRecord(id=f"{kind}-{op}", kind=kind, text=f"a {kind}", user_id="u1")
-        return MemoryChanged(tenant="t1", user_id="u1", op=op, memory=memory)
 
     published: list[tuple[MemoryKindName, MemoryChangeOp]] = [
         ("turn", "created"),
@@ -184,13 +193,6 @@ async def test_workers_are_delivered_only_the_memory_changes_they_act_on(
     ]
     for kind, op in published:
         await publish_event(publisher, change(kind, op))
-    from_before = change("fact", "deleted")
-    await publisher.publish(
-        from_before.model_dump(mode="json"),
-        subject=MemoryChanged.subject,
-        headers={"Nats-Msg-Id": from_before.event_id},
-        stream=STREAM_NAME,
-    )
 
     nc = await nats.connect(nats_url)
     try:
@@ -202,7 +204,7 @@ async def test_workers_are_delivered_only_the_memory_changes_they_act_on(
     finally:
         await nc.close()
     assert pending == {
-        # turn and fact created, the fact superseded; the change from before
+        # turn and fact created, the fact superseded; the change waiting from before
         "summarize": 3 + 1,
         # a turn, a fact, an episode created (each may take a conversation over its limit)
         "evict": 3 + 1,
