@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engram_cli.stack.nats_server import NatsServerProcess, free_port
+from engram_core.bus import change_subjects
 from engram_testing.upstream import ScriptedUpstream
 
 
@@ -16,6 +17,7 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServerProcess]:
     """A real nats-server with JetStream on a free port, storing under tmp_path."""
     server = NatsServerProcess(tmp_path / "nats", port=free_port(), log_file=tmp_path / "nats.log")
     server.start()
+    change_subjects.forget()  # what this process read of another server's consumers
     try:
         yield server
     finally:

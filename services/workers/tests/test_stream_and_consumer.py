@@ -11,6 +11,7 @@ from nats.js.api import ConsumerConfig, StorageType, StreamConfig
 
 from engram_core.bus import (
     StreamConfigConflict,
+    change_subjects,
     ensure_consumer,
     ensure_stream,
     key_value_bucket,
@@ -210,3 +211,42 @@ async def test_workers_are_delivered_only_the_memory_changes_they_act_on(
         "evict": 3 + 1,
         "mirror": 8 + 1,
     }
+
+
+async def test_while_a_consumer_filters_on_the_bare_subject_only_changes_go_there(
+    nats_url: str, publisher
+) -> None:
+    """A rolling upgrade: an older mirror still consumes ``engram.memory.changed.v1``
+    only, and JetStream would never deliver it what it skipped. Changes go on the bare
+    subject (which new consumers take too) until no consumer filters that way."""
+    await ensure_stream(nats_url)
+    await ensure_consumer(
+        nats_url,
+        ConsumerConfig(
+            name="mirror", durable_name="mirror", filter_subject=MemoryChanged.subject, ack_wait=30
+        ),
+    )
+    memory = MemoryRecord(id="f1", kind="fact", text="User has a cat named Miso.")
+
+    async def stored_subject() -> str:
+        event = MemoryChanged(tenant="t1", op="created", memory=memory)
+        ack = await publish_event(publisher, event)
+        nc = await nats.connect(nats_url)
+        try:
+            return (await nc.jetstream().get_msg(STREAM_NAME, ack.seq)).subject or ""
+        finally:
+            await nc.close()
+
+    assert await stored_subject() == "engram.memory.changed.v1"
+    # the new mirror starts: its consumer takes the bare subject and every kind's
+    worker = Worker(MIRROR, MirrorSettings(**quick_settings(nats_url)))
+    await ensure_consumer(nats_url, worker.consumer_config())
+    assert await stored_subject() == "engram.memory.changed.v1"  # until read again
+    change_subjects.forget()
+    assert await stored_subject() == "engram.memory.changed.v1.fact.created"
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(STREAM_NAME, "mirror")
+    finally:
+        await nc.close()
+    assert info.num_pending == 3  # every one of them reaches the mirror

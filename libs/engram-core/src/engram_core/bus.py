@@ -20,6 +20,7 @@ a copy that did land is dropped by the stream's de-duplication.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -315,6 +316,60 @@ async def publish_with_retries(
     return await retry_transient(once, budget_s=retry_s, on_retry=report)
 
 
+class ChangeSubjects:
+    """Whether a memory change may go on its own subject (``…changed.v1.<kind>.<op>``).
+
+    A consumer declared before subjects per kind filters on the bare
+    ``engram.memory.changed.v1`` only, and JetStream never delivers it a message it
+    skipped while its filter did not match, not even once the filter is updated. So
+    while any consumer of the stream still filters that way (an older worker still
+    running during a rolling upgrade, or a consumer of someone's own), changes go on the
+    bare subject, which every consumer, old or new, takes (new ones keep it in their
+    filter). What the stream's consumers say is read again every ``recheck_s``; until
+    it could be read, the bare subject is used."""
+
+    def __init__(self, recheck_s: float = 10.0) -> None:
+        self.recheck_s = recheck_s
+        self.bare_only = True
+        self._read_at: float | None = None
+
+    def forget(self) -> None:
+        """Read the consumers again at the next publish."""
+        self._read_at = None
+
+    async def subject(self, broker: NatsBroker, event: Event) -> str:
+        own = event.published_subject
+        if own == event.subject:
+            return own
+        now = time.monotonic()
+        if self._read_at is None or now - self._read_at >= self.recheck_s:
+            try:
+                js = broker.connection.jetstream(timeout=PUBLISH_TIMEOUT_S)
+                consumers = await js.consumers_info(STREAM_NAME)
+            except Exception as exc:  # NATS away: the publish itself will say so
+                log.debug("change_subjects.unread", error=f"{type(exc).__name__}: {exc}")
+            else:
+                bare_only = [c.name for c in consumers if _bare_only(c.config, event.subject)]
+                if bool(bare_only) != self.bare_only or self._read_at is None:
+                    log.info(
+                        "change_subjects.read",
+                        subjects="bare" if bare_only else "per kind",
+                        consumers_on_the_bare_subject_only=bare_only,
+                    )
+                self.bare_only = bool(bare_only)
+                self._read_at = now
+        return event.subject if self.bare_only else own
+
+
+def _bare_only(config: ConsumerConfig, subject: str) -> bool:
+    filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    return subject in filters and not any(f.startswith(f"{subject}.") for f in filters)
+
+
+#: This process's view of the stream's consumers, for :func:`publish_event`.
+change_subjects = ChangeSubjects()
+
+
 async def publish_event(
     broker: NatsBroker,
     event: Event,
@@ -332,7 +387,7 @@ async def publish_event(
     ack = await publish_with_retries(
         broker,
         event.model_dump(mode="json"),
-        subject=event.published_subject,
+        subject=await change_subjects.subject(broker, event),
         msg_id=event.event_id,
         headers=headers,
         retry_s=retry_s,

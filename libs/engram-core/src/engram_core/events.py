@@ -67,7 +67,8 @@ class Event(BaseModel):
 
     @classmethod
     def subjects_wildcard(cls) -> str:
-        """One subject filter matching every subject this event is published on now."""
+        """One subject filter matching every subject this event may be published on (for
+        a reader of all of them; it may match a later version's too)."""
         return cls.subject
 
 
@@ -164,8 +165,9 @@ class MemoryChanged(Event):
     Published on ``engram.memory.changed.v1.<kind>.<op>`` so a worker subscribes to the
     changes it acts on and is never delivered the rest (summarize and evict ignore most
     kinds and ops). Changes published before subjects per kind are on the bare
-    ``engram.memory.changed.v1``; every consumer keeps that subject too, so a backlog
-    from before an upgrade is still consumed."""
+    ``engram.memory.changed.v1``, and so are changes published while a consumer from
+    before still filters on it only (:class:`engram_core.bus.ChangeSubjects`); every
+    consumer keeps that subject too, so neither is lost."""
 
     subject: ClassVar[str] = "engram.memory.changed.v1"
 
@@ -190,7 +192,9 @@ class MemoryChanged(Event):
 
     @classmethod
     def subjects_wildcard(cls) -> str:
-        return f"{cls.subject}.>"
+        # the bare subject (while a consumer from before filters on it only) and the
+        # kinds' subjects both
+        return f"{cls.subject.rpartition('.')[0]}.>"
 
     @classmethod
     def subjects_where(cls, wanted: Callable[[str, MemoryChangeOp], bool]) -> tuple[str, ...]:
