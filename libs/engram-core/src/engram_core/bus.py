@@ -343,21 +343,24 @@ class ChangeSubjects:
             return own
         now = time.monotonic()
         if self._read_at is None or now - self._read_at >= self.recheck_s:
+            # One read at a time: publishes meanwhile go by what is known.
+            first = self._read_at is None
+            previous, self._read_at = self._read_at, now
             try:
                 js = broker.connection.jetstream(timeout=PUBLISH_TIMEOUT_S)
                 consumers = await js.consumers_info(STREAM_NAME)
             except Exception as exc:  # NATS away: the publish itself will say so
+                self._read_at = previous
                 log.debug("change_subjects.unread", error=f"{type(exc).__name__}: {exc}")
             else:
                 bare_only = [c.name for c in consumers if _bare_only(c.config, event.subject)]
-                if bool(bare_only) != self.bare_only or self._read_at is None:
+                if first or bool(bare_only) != self.bare_only:
                     log.info(
                         "change_subjects.read",
                         subjects="bare" if bare_only else "per kind",
                         consumers_on_the_bare_subject_only=bare_only,
                     )
                 self.bare_only = bool(bare_only)
-                self._read_at = now
         return event.subject if self.bare_only else own
 
 
