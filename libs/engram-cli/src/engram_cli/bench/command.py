@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -23,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from engram_cli.bench.common import RetrievalProcess
+from engram_cli.bench.machine import measured_machine
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.records import new_memory
 from engram_core.memory import MemoryFilter, SearchQuery
@@ -225,17 +224,14 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     if not sizes or any(s <= 0 for s in sizes):
         print("engram bench latency: --sizes must be positive integers", file=sys.stderr)
         return 2
+    machine = measured_machine()
     rows = asyncio.run(bench_latency(sizes, args.queries, args.batch))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _print_table(rows)
     results = {
         "benchmark": "latency",
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine,
         "runs": [{k: v for k, v in row.items() if k != "samples_ms"} for row in rows],
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))

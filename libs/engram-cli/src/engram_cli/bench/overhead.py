@@ -67,6 +67,7 @@ from engram_cli.bench.load import (
     signal_services,
     stack_pids,
 )
+from engram_cli.bench.machine import measured_machine
 from engram_cli.bench.overhead_report import (
     collect_profiles,
     plot_overhead,
@@ -412,6 +413,7 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
     if min(numbers) <= 0 or cfg.pipeline_turns <= 0 or cfg.profile_turns <= 0 or cfg.history < 0:
         print("engram bench overhead: rates, counts and durations must be > 0", file=sys.stderr)
         return 2
+    machine = measured_machine()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = asyncio.run(bench_overhead(cfg, out))
@@ -419,7 +421,7 @@ def _cmd_overhead(args: argparse.Namespace) -> int:
     print_report(results)
     print_api_latency(results["latency_by_api"])
     results["config"] = asdict(cfg)
-    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    results["machine"] = machine
     plot_overhead(results, out / "overhead.png")
     (out / "results.json").write_text(json.dumps(_without_samples(results), indent=2))
     print(f"saved {out / 'results.json'}, {out / 'overhead.png'} and {out / 'profiles'}/")

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -29,6 +27,7 @@ import nats
 import numpy as np
 
 from engram_cli.bench.common import percentiles
+from engram_cli.bench.machine import measured_machine
 from engram_cli.bench.writepath import bench_stack
 from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
@@ -202,6 +201,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    machine = measured_machine()
     result = asyncio.run(
         bench_pipeline(args.turns, args.rate, args.conversations, workers, args.timeout)
     )
@@ -230,7 +230,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
             {
                 "benchmark": "pipeline",
                 "workers": list(workers),
-                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+                "machine": machine,
                 **summary,
                 "lag_mean_ms": round(float(np.mean(result["samples_ms"])), 2)
                 if result["samples_ms"]

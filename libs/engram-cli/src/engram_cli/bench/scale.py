@@ -14,8 +14,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from engram_cli.bench.common import (
     percentiles,
     process_memory_mb,
 )
+from engram_cli.bench.machine import measured_machine
 from engram_cli.bench.scale_corpus import Layout, SyntheticMemory, memories, queries
 from engram_cli.console import ProgressBar, print_table, render_table
 from engram_cli.records import new_memory
@@ -328,6 +327,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    machine = measured_machine()
     layout = Layout(tenants=args.tenants)
     corpus = memories(sizes[-1], layout)
     results: dict[str, dict[str, dict[str, Any]]] = {}
@@ -353,11 +353,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
                 )
     document = {
         "benchmark": "scale",
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine,
         "corpus": {
             "tenants": layout.tenants,
             "conversations_per_tenant": layout.conversations,

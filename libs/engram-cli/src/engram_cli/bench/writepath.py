@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -28,6 +26,7 @@ import httpx2
 import nats
 
 from engram_cli.bench.common import percentiles
+from engram_cli.bench.machine import measured_machine
 from engram_cli.cli_common import WORKERS
 from engram_cli.console import ProgressBar, print_table
 from engram_cli.stack.nats_server import free_port, free_port_block
@@ -197,6 +196,7 @@ def _cmd_write_path(args: argparse.Namespace) -> int:
             "engram bench write-path: --turns, --conversations, --rate must be > 0", file=sys.stderr
         )
         return 2
+    machine = measured_machine()
     result = asyncio.run(
         bench_write_path(args.turns, args.conversations, args.rate, args.llm_url, args.timeout)
     )
@@ -212,7 +212,7 @@ def _cmd_write_path(args: argparse.Namespace) -> int:
             {
                 "benchmark": "write-path",
                 "llm": args.llm_url or "scripted rule-based",
-                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+                "machine": machine,
                 **{k: v for k, v in result.items() if k != "samples_ms"},
             },
             indent=2,

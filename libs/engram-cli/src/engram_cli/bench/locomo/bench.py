@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ from engram_cli.bench.locomo.delivered import (
     plot_delivered,
 )
 from engram_cli.bench.locomo.metrics import mean_scores, score_question, turns_of_hit
+from engram_cli.bench.machine import describe_machine, measured_machine
 from engram_cli.console import ProgressBar, print_table, render_table
 from engram_cli.records import new_memory
 from engram_core.memory import MemoryFilter, MemoryRecord, SearchQuery, SearchResult
@@ -452,9 +452,11 @@ def results_document(
     plan: BenchPlan,
     ingested: Ingested,
     skipped: dict[str, str],
+    machine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The top level is the ``default`` configuration's object (else the first one's);
-    ``configs`` holds every configuration's."""
+    ``configs`` holds every configuration's. ``machine``: :func:`describe_machine`'s
+    (described without calibrating when not given)."""
 
     def public(result: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in result.items() if k != "latency_samples_ms"}
@@ -471,11 +473,7 @@ def results_document(
         "ingest_turns_per_s": round(ingested.turns / max(ingested.seconds, 1e-9), 1),
         "configs": by_name,
         "skipped_configs": skipped,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine or describe_machine(calibrate=False),
     }
 
 
@@ -565,11 +563,12 @@ def _cmd_locomo(args: argparse.Namespace) -> int:
     if not scored_questions(samples, categories):
         print("engram bench locomo: no question with usable evidence to score", file=sys.stderr)
         return 2
+    machine = measured_machine()
     results, ingested = asyncio.run(run_locomo(plan))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print_table(*table(results, ks), title=TABLE_TITLE)
-    document = results_document(results, plan, ingested, skipped)
+    document = results_document(results, plan, ingested, skipped, machine)
     print(
         f"{document['turns']} turns ingested at {document['ingest_turns_per_s']}/s; "
         f"evidence ids unusable: {document['unusable_evidence']}, recovered: "
