@@ -364,8 +364,16 @@ class ChangeSubjects:
         return event.subject if self.bare_only else own
 
 
+def consumer_filters(config: ConsumerConfig) -> list[str]:
+    """The subjects a consumer filters on, whichever of the two fields holds them
+    (``filter_subjects`` for several, ``filter_subject`` for one; none: all)."""
+    return list(
+        config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    )
+
+
 def _bare_only(config: ConsumerConfig, subject: str) -> bool:
-    filters = config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    filters = consumer_filters(config)
     return subject in filters and not any(f.startswith(f"{subject}.") for f in filters)
 
 

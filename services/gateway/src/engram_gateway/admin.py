@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel, ConfigDict, Field
 
 from engram_core.api_models import ErrorResponse
+from engram_core.bus import consumer_filters
 from engram_core.dead_letters import (
     DeadLetterFilter,
     StoredDeadLetter,
@@ -133,10 +134,7 @@ async def _letters(
 
 
 def _consumer_out(info: ConsumerInfo, dead: int) -> ConsumerOut:
-    config = info.config
-    subjects = list(
-        config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
-    )
+    subjects = consumer_filters(info.config)
     return ConsumerOut(
         worker=info.name,
         subject=event_subject(subjects[0]) if subjects else "",
