@@ -74,6 +74,9 @@ def assert_extracts(message: str, facts: list[str], profile: list[tuple]) -> Non
         (["User loves pizza"], "User hates pizza", {"event": "DELETE", "target": 1}),
         (["User loves pizza"], "User loves pizza", {"event": "NONE", "target": 1}),
         (["User loves pizza"], "User works as a nurse", {"event": "ADD"}),
+        # the user alone is no subject: a new job does not replace an allergy
+        (["User is allergic to peanuts"], "User is a teacher", {"event": "ADD"}),
+        (["User is a nurse"], "User is not a nurse", {"event": "DELETE", "target": 1}),
     ],
 )
 def test_reconcile(existing: list[str], new: str, decision: dict) -> None:

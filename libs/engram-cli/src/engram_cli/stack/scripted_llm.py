@@ -31,7 +31,12 @@ from starlette.routing import Route
 
 from engram_cli.stack import scripted_apis
 from engram_cli.stack.nats_server import free_port
-from engram_cli.stack.scripted_grammar import split_clauses, third_person, third_person_verb
+from engram_cli.stack.scripted_grammar import (
+    SUBJECT,
+    split_clauses,
+    third_person,
+    third_person_verb,
+)
 
 
 @dataclass(frozen=True)
@@ -411,6 +416,8 @@ def _claim(fact: str) -> tuple[list[str], bool]:
     words = _CHANGE_MARKERS.sub("", fact.lower().rstrip(".!")).split()
     if len(words) >= 4 and words[1:3] == ["no", "longer"]:
         return [words[0], *words[3:]], True
+    if len(words) >= 4 and words[1:3] == ["is", "not"]:
+        return [words[0], "is", *words[3:]], True
     if len(words) >= 3 and (words[1] == "doesn't" or words[1:3] == ["does", "not"]):
         rest = words[2:] if words[1] == "doesn't" else words[3:]
         return [words[0], third_person_verb(rest[0]), *rest[1:]] if rest else words, True
@@ -509,7 +516,9 @@ class RuleBasedBrain:
             if " is " in norm and " is " in other:
                 subject, _, _ = norm.rpartition(" is ")
                 other_subject, _, _ = other.rpartition(" is ")
-                if subject == other_subject:
+                # "User's wife's name is …" names one thing; the user alone does not:
+                # "User is a teacher" leaves "User is allergic to peanuts" as it was.
+                if subject == other_subject and subject != SUBJECT.lower():
                     return {"event": "UPDATE", "target": mid, "text": fact}
         return {"event": "ADD"}
 
