@@ -41,6 +41,11 @@ ALL_WORKERS = "workers"
 #: The component that runs retrieval and every worker in one process (``light``).
 NODE = "node"
 STOP_TIMEOUT_S = 15.0
+#: A piece that exits after the stack is up is started again, up to this many times in
+#: RESTART_WINDOW_S; one more exit in the window stops the stack (a crash loop is a bug
+#: or a bad setting: said, not hidden behind restarts).
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 120.0
 #: ``engram up`` reads the CLI's one settings class: where it places each piece is where
 #: the client commands look for it.
 StackSettings = CliSettings
@@ -132,6 +137,9 @@ class Stack:
         )
         self.data_dir = settings.data_dir.resolve()
         self.log_dir = self.data_dir / "logs"
+        self._restarts: dict[str, list[float]] = {}  # when each piece was started again
+        #: Set by Ctrl-C / SIGTERM: a restart waiting for its piece to be ready gives up.
+        self.stop_requested = threading.Event()
         # A local stack runs one nats-server: the first URL of the list.
         nats = urlparse(parse_nats_urls(settings.nats_url)[0])
         self.nats = NatsServerProcess(
@@ -330,6 +338,11 @@ class Stack:
         if component.process is not None:
             component.process.send_signal(sig)
             component.process.wait(timeout=STOP_TIMEOUT_S)
+        self._reap(component)
+
+    def _reap(self, component: Component) -> None:
+        """Forget an exited process: its log pump drained, its pipe and log closed."""
+        if component.process is not None:
             if component.pump is not None:
                 component.pump.join(timeout=2)
             if component.process.stdout is not None:
@@ -344,7 +357,7 @@ class Stack:
         component = self._component(name)
         self._spawn(component)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not component.is_ready():
+        while not component.is_ready() and not self.stop_requested.is_set():
             self.check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} not ready after restart")
@@ -373,6 +386,43 @@ class Stack:
                     f"{component.name} exited with {component.process.returncode}; "
                     f"see {self.log_dir / (component.name + '.log')}"
                 )
+
+    def keep_alive(self) -> None:
+        """Start again what exited since the stack came up (nats-server on its store,
+        a service once nats-server listens); raise when one exits more than
+        :data:`MAX_RESTARTS` times within :data:`RESTART_WINDOW_S`."""
+        nats = self.nats.process
+        if nats is not None and nats.poll() is not None:
+            self._count_restart("nats-server", nats.returncode, self.nats.log_file)
+            self.nats.kill()  # closes its log
+            self.nats.start()
+            self.echo(f"engram: nats       ready  {self.nats.url} (restarted on its store)")
+        for component in self.components:
+            process = component.process
+            if process is not None and process.poll() is not None:
+                log = self.log_dir / f"{component.name}.log"
+                self._count_restart(component.name, process.returncode, log)
+                self._reap(component)
+                self.revive(component.name)
+                if not self.stop_requested.is_set():
+                    self.echo(
+                        f"engram: {component.name:<10} ready  {component.endpoint} (restarted)"
+                    )
+
+    def _count_restart(self, name: str, code: int | None, log: Path | None) -> None:
+        now = time.monotonic()
+        recent = [t for t in self._restarts.get(name, []) if now - t < RESTART_WINDOW_S]
+        where = f"; see {log}" if log is not None else ""
+        if len(recent) >= MAX_RESTARTS:
+            raise RuntimeError(
+                f"{name} exited with {code} for the {len(recent) + 1}th time in "
+                f"{RESTART_WINDOW_S:.0f}s; not restarting it again{where}"
+            )
+        self._restarts[name] = [*recent, now]
+        self.echo(
+            f"engram: {name} exited with {code}; starting it again "
+            f"({len(recent) + 1} of {MAX_RESTARTS} in {RESTART_WINDOW_S:.0f}s){where}"
+        )
 
     def stop(self) -> None:
         if self._stopping:
@@ -406,9 +456,10 @@ class Stack:
 def run_stack(
     settings: CliSettings, *, process_per_worker: bool = False, light: bool = False
 ) -> int:
-    """Run until Ctrl-C / SIGTERM or until a component dies. Returns the exit code."""
+    """Run until Ctrl-C / SIGTERM; a piece that exits is started again, one caught in a
+    crash loop stops the stack (:meth:`Stack.keep_alive`). Returns the exit code."""
     stack = Stack(settings, process_per_worker=process_per_worker, light=light)
-    stop_requested = threading.Event()
+    stop_requested = stack.stop_requested
 
     def request_stop(signum: int, _frame: object) -> None:
         stop_requested.set()
@@ -423,7 +474,7 @@ def run_stack(
             )
         stack.start()
         while not stop_requested.wait(0.5):
-            stack.check_alive()
+            stack.keep_alive()
     except RuntimeError as exc:
         print(f"engram: error: {exc}", file=sys.stderr)
         code = 1
