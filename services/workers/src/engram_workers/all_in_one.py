@@ -16,6 +16,9 @@ per worker. The list comes from the worker catalogue (``engram_core.worker_catal
 - Logs and traces are the process's, service ``engram-workers`` (each line and consumer
   span names its ``worker``); the chart's one process per worker keeps per-worker
   service names.
+- One NATS connection (:class:`~engram_workers.runtime.SharedConnection`, client name
+  ``engram-workers``) carries every worker's pull subscription and publishes, instead
+  of a connection each.
 - A worker that fails to start stops the others: the process exits with status 1, as
   ``engram up`` stops when one of its processes dies. SIGTERM/SIGINT stop every worker
   the way each stops alone (in-flight handlers finish, connections drain).
@@ -37,7 +40,7 @@ from engram_core.logging import get_logger
 from engram_core.observability import setup_observability
 from engram_core.settings import ConfigError, load_settings
 from engram_core.worker_catalog import WORKER_CATALOG, WorkerEntry, worker_names
-from engram_workers.runtime import Worker, WorkerSettings, WorkerSpec
+from engram_workers.runtime import SharedConnection, Worker, WorkerSettings, WorkerSpec
 
 log = get_logger(__name__)
 
@@ -96,9 +99,34 @@ def load_workers(entries: Sequence[WorkerEntry], health_port_base: int | None) -
     return selected
 
 
-async def serve_together(workers: Sequence[Worker[Any, Any, Any]], stop: asyncio.Event) -> None:
-    """Run every worker until ``stop`` is set or one of them fails; then stop them all
-    and raise the first failure."""
+def shared_connection(selected: Sequence[Selected], client_name: str) -> SharedConnection:
+    """The one NATS connection of the workers run together (the workers' settings read
+    one environment: one URL; the longest shutdown grace)."""
+    urls = {chosen.settings.nats_url for chosen in selected}
+    if len(urls) != 1:
+        raise ConfigError(f"the workers of one process name several NATS URLs: {sorted(urls)}")
+    return SharedConnection(
+        urls.pop(),
+        client_name=client_name,
+        graceful_timeout=max(chosen.settings.shutdown_grace_s for chosen in selected),
+    )
+
+
+async def serve_together(
+    workers: Sequence[Worker[Any, Any, Any]],
+    stop: asyncio.Event,
+    connection: SharedConnection | None = None,
+) -> None:
+    """Run every worker until ``stop`` is set or one of them fails; then stop them all,
+    drain ``connection`` (theirs, when they share one) and raise the first failure."""
+    try:
+        await _serve_all(workers, stop)
+    finally:
+        if connection is not None:
+            await connection.close()
+
+
+async def _serve_all(workers: Sequence[Worker[Any, Any, Any]], stop: asyncio.Event) -> None:
     tasks = [
         asyncio.create_task(worker.serve(stop), name=f"worker-{worker.spec.name}")
         for worker in workers
@@ -119,7 +147,9 @@ async def serve_together(workers: Sequence[Worker[Any, Any, Any]], stop: asyncio
 async def _serve_until_signalled(selected: Sequence[Selected]) -> None:
     stop = event_loop.stop_on_signals()
     # Built inside the running loop, as a Worker must be.
-    await serve_together([Worker(chosen.spec, chosen.settings) for chosen in selected], stop)
+    connection = shared_connection(selected, SERVICE_NAME)
+    workers = [Worker(chosen.spec, chosen.settings, connection=connection) for chosen in selected]
+    await serve_together(workers, stop, connection)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -351,6 +351,37 @@ class WorkerSpec(Generic[E, S, R]):
 MemoryPortFactory = Callable[["WorkerSettings"], AbstractAsyncContextManager[MemoryPort]]
 
 
+class SharedConnection:
+    """One NATS connection for every worker of a process (``engram-workers``, ``engram up
+    --light``). Each worker keeps its own durable consumer, pull subscription, retries
+    and lifecycle, so delivery is that of a process per worker; they share the broker
+    (its connection, publisher and tracing middleware). Opened by the first worker ready
+    to consume; drained by :func:`~engram_workers.all_in_one.serve_together` after every
+    worker stopped."""
+
+    def __init__(self, nats_url: str, *, client_name: str, graceful_timeout: float) -> None:
+        self.broker = make_broker(
+            nats_url,
+            client_name=client_name,
+            graceful_timeout=graceful_timeout,
+            apply_types=False,
+        )
+        self._lock = asyncio.Lock()
+        self._open = False
+
+    async def open(self) -> None:
+        async with self._lock:
+            if not self._open:
+                await self.broker.start()
+                self._open = True
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._open:
+                self._open = False
+                await self.broker.stop()
+
+
 @asynccontextmanager
 async def retrieval_port(settings: WorkerSettings) -> AsyncIterator[MemoryPort]:
     """The retrieval service's memories over gRPC (the channel closed on the way out)."""
@@ -373,19 +404,26 @@ class Worker(Generic[E, S, R]):
         settings: S,
         *,
         memory_port: MemoryPortFactory = retrieval_port,
+        connection: SharedConnection | None = None,
     ) -> None:
         """``memory_port``: where memories come from, the retrieval service unless a
-        caller (a test) hands in another port."""
+        caller (a test) hands in another port. ``connection``: the NATS connection of
+        the process's workers together (None: the worker opens its own)."""
         self.spec = spec
         self.settings = settings
         self._memory_port = memory_port
         self.retry_policy: RetryPolicy = settings.retry_policy
         self.dlq_subject = dlq_subject(spec.name)
-        self.broker = make_broker(
-            settings.nats_url,
-            client_name=spec.service_name,
-            graceful_timeout=settings.shutdown_grace_s,
-            apply_types=False,
+        self.connection = connection
+        self.broker = (
+            connection.broker
+            if connection is not None
+            else make_broker(
+                settings.nats_url,
+                client_name=spec.service_name,
+                graceful_timeout=settings.shutdown_grace_s,
+                apply_types=False,
+            )
         )
         self._memories: MemoryPort | None = None
         self._resources_stack = AsyncExitStack()
@@ -459,7 +497,7 @@ class Worker(Generic[E, S, R]):
     async def serve(self, stop: asyncio.Event) -> None:
         """Start, consume until ``stop`` is set, then shut down (also after a failed start).
         A stop while start-up still waits for NATS ends the wait."""
-        starting = asyncio.create_task(self.app.start())
+        starting = asyncio.create_task(self._start())
         stopping = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -472,8 +510,27 @@ class Worker(Generic[E, S, R]):
                 task.cancel()
                 with suppress(asyncio.CancelledError):
                     await task
-            await self.app.stop()
+            await self._stop()
             log.info("worker.stopped", worker=self.spec.name)
+
+    async def _start(self) -> None:
+        """The app's start: its start-up hooks around the broker's start (a shared
+        connection is opened once, by the first worker to get there)."""
+        if self.connection is None:
+            await self.app.start()
+            return
+        await self._on_startup()
+        await self.connection.open()
+        await self._after_startup()
+
+    async def _stop(self) -> None:
+        """The app's stop: its shutdown hooks around the broker's stop (a shared
+        connection is drained by its owner once every worker stopped)."""
+        if self.connection is None:
+            await self.app.stop()
+            return
+        await self._on_shutdown()
+        await self._after_shutdown()
 
     @property
     def consuming(self) -> bool:

@@ -33,7 +33,13 @@ from engram_retrieval.remote_embedder import EmbedderRequestError, EmbedderUnava
 from engram_retrieval.server import StartupError, build_server
 from engram_retrieval.settings import RetrievalSettings
 from engram_retrieval.store import StoreError
-from engram_workers.all_in_one import Selected, load_workers, parse_only, serve_together
+from engram_workers.all_in_one import (
+    Selected,
+    load_workers,
+    parse_only,
+    serve_together,
+    shared_connection,
+)
 from engram_workers.runtime import Worker, WorkerSettings
 
 log = get_logger(__name__)
@@ -64,10 +70,15 @@ async def serve_node(retrieval: RetrievalSettings, workers: Sequence[Selected]) 
         event_loop=event_loop.running_loop_name(),
     )
     stop = event_loop.stop_on_signals()
+    connection = shared_connection(workers, SERVICE_NAME)
     try:
         await serve_together(
-            [Worker(chosen.spec, chosen.settings, memory_port=in_process) for chosen in workers],
+            [
+                Worker(chosen.spec, chosen.settings, memory_port=in_process, connection=connection)
+                for chosen in workers
+            ],
             stop,
+            connection,
         )
     finally:
         log.info("node.stopping", grace_s=retrieval.shutdown_grace_s)
