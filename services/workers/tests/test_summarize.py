@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engram_core.bus import publish_event
+from engram_core.bus import ensure_stream, publish_event
 from engram_core.codec import pb, to_timestamp
 from engram_core.events import MemoryChanged
 from engram_testing.upstream import ScriptedUpstream, UpstreamError
@@ -326,3 +326,26 @@ async def test_without_a_configured_model_the_chat_model_of_the_source_turn_is_u
     assert summary.metadata["summarizer"] == "llm"
     assert summary.metadata["model"] == "the-chat-model"
     assert [body["model"] for body in scripted_upstream.chat_requests()] == ["the-chat-model"]
+
+
+async def test_a_removal_in_the_batch_keeps_its_conversation_in_stream_order(
+    workers, retrieval, scripted_upstream, model, publisher
+) -> None:
+    """A fact created and then removed within one batch: the conversation's changes run
+    one by one, so the removal finds the fact in the summary and takes it out."""
+    kept = await store_fact(retrieval, "User lives in Porto.", 1)
+    gone = await store_fact(retrieval, "User owns a red bike.", 2)
+    await ensure_stream(workers.nats_url)
+    await publish_event(publisher, changed(TENANT, kept))
+    await publish_event(publisher, changed(TENANT, gone))
+    await publish_event(publisher, changed(TENANT, gone, "deleted"))
+    await workers.start(SUMMARIZE, settings(workers, scripted_upstream, batch_size=16))
+    await eventually(lambda: consumer_settled(workers.nats_url, "summarize"), what="the acks")
+
+    summary = await get_summary(retrieval)
+    assert summary is not None
+    # the first fold took both (the store still held the bike as current), then the
+    # removal, after it as in the stream, took the bike's sentence out again
+    assert [call["new_facts"] for call in model.inputs("summarize")] == [[kept.text, gone.text]]
+    assert summary.text == "User lives in Porto."
+    assert await dead_letter_count(workers.nats_url, "summarize") == 0

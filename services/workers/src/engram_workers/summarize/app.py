@@ -20,6 +20,9 @@ configured, answers junk, or stays unavailable until the last delivery gets the
 documented rule-based fallback (:mod:`engram_workers.summarize.core`); a refused
 request is a dead letter, replayed once the settings are fixed. Nothing is lost.
 
+A batch (:func:`summarize_batch`) folds the new facts of one conversation together and
+checks its episode windows once, at its last turn.
+
 Idempotency: the summary lists the fact ids it includes, an episode's id derives from
 its turns, and announcements derive from the stored state (:mod:`engram_core.lifecycle`),
 so a redelivery re-publishes the same event ids (de-duplicated by JetStream) and a crash
@@ -34,6 +37,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import partial
 
 from pydantic import Field
 
@@ -47,7 +51,9 @@ from engram_core.worker_catalog import worker_entry
 from engram_workers.llm import AskLlm, LlmClient, LlmSettingsMixin
 from engram_workers.locks import KeyLocks, LockSettingsMixin, LockTimeout
 from engram_workers.runtime import (
+    BatchItem,
     Delivery,
+    Outcome,
     RetryableError,
     Worker,
     WorkerSettings,
@@ -238,16 +244,25 @@ def _scope(event: MemoryChanged, *kinds: MemoryKindName, current_only: bool = Tr
 
 
 async def fold_facts(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
+    await fold_facts_of(event, delivery, [event.memory.id])
+
+
+async def fold_facts_of(
+    event: MemoryChanged, delivery: SummarizeDelivery, fact_ids: Sequence[str]
+) -> None:
+    """Fold the facts ``fact_ids`` (created in ``event``'s conversation; ``event`` is the
+    last of their changes) and any other current fact the summary lacks, in one model
+    call: what one change asks, or the changes of one batch together."""
     settings, memories = delivery.settings, delivery.memories
     tenant = event.tenant
-    fact_id = event.memory.id
+    fact_ids = list(dict.fromkeys(fact_ids))
     summary_id = core.summary_memory_id(tenant, event.user_id, event.conversation_id)
     async with _conversation_lock(delivery, "summary", event):
-        found = await memories.get(tenant, [summary_id, fact_id])
+        found = await memories.get(tenant, [summary_id, *fact_ids])
         previous = found.get(summary_id)
         folded = core.folded_ids(previous)
-        if fact_id in folded:
-            log.info("summary.already_folded", fact_id=fact_id)
+        if all(fact_id in folded for fact_id in fact_ids):
+            log.info("summary.already_folded", fact_ids=fact_ids)
             if delivery.attempt > 1 and previous is not None:
                 # The first delivery may have written the summary and died before
                 # publishing; the same event id makes this a no-op otherwise.
@@ -261,9 +276,12 @@ async def fold_facts(event: MemoryChanged, delivery: SummarizeDelivery) -> None:
         others = await memories.list_page(
             tenant, _scope(event, *FOLDED_KINDS), page_size=core.FOLD_BATCH
         )
-        facts = core.facts_to_fold(found.get(fact_id), others.records, set(folded))
+        triggers = [fact for fact_id in fact_ids if (fact := found.get(fact_id)) is not None]
+        facts = core.facts_to_fold(None, [*triggers, *others.records], set(folded))
         if not facts:
-            log.info("summary.nothing_to_fold", fact_id=fact_id, reason="fact gone or superseded")
+            log.info(
+                "summary.nothing_to_fold", fact_ids=fact_ids, reason="facts gone or superseded"
+            )
             return
 
         previous_text = previous.text if previous is not None else ""
@@ -433,10 +451,59 @@ async def _write_episode(
     )
 
 
+# --- batches -------------------------------------------------------------------------------
+
+
+SummarizeItem = BatchItem[MemoryChanged, SummarizeSettings, SummarizeResources]
+_GROUPED: tuple[SummarizeJob, ...] = (fold_facts, update_episodes)
+
+
+async def summarize_batch(items: Sequence[SummarizeItem]) -> list[Outcome]:
+    """The batch hook. In a conversation whose changes in the batch are all first
+    deliveries of new facts and turns, the facts are folded into its summary together
+    (one lock, one read, one model call) and its episode windows are checked once, at
+    its last turn (a change is published after its memory is stored, so that check
+    counts every turn the batch announced). Each change's outcome is its group's: a
+    failed fold retries every fact of it, and folding or checking again is harmless.
+    A conversation with anything else in the batch (a removal, a redelivery) runs its
+    changes one by one in stream order, as without batches."""
+    jobs = [job_for(item.event.memory.kind, item.event.op) for item in items]
+    by_conversation: dict[tuple[str, str, str], list[int]] = {}
+    for index, (item, job) in enumerate(zip(items, jobs, strict=True)):
+        if job is not None:
+            by_conversation.setdefault(item.conversation, []).append(index)
+    units: list[tuple[SummarizeItem, list[int], Callable[[], Awaitable[None]]]] = []
+    for indexes in by_conversation.values():
+        grouped = all(jobs[i] in _GROUPED and items[i].delivery.attempt == 1 for i in indexes)
+        if not grouped:
+            for i in indexes:
+                item = items[i]
+                units.append((item, [i], partial(summarize, item.event, item.delivery)))
+            continue
+        facts = [i for i in indexes if jobs[i] is fold_facts]
+        turns = [i for i in indexes if jobs[i] is update_episodes]
+        if facts:
+            last = items[facts[-1]]
+            ids = [items[i].event.memory.id for i in facts]
+            units.append((last, facts, partial(fold_facts_of, last.event, last.delivery, ids)))
+        if turns:
+            last = items[turns[-1]]
+            units.append((last, turns, partial(update_episodes, last.event, last.delivery)))
+    work = {id(item): run for item, _, run in units}
+    worker = items[0].delivery.worker
+    results = await worker.each([item for item, _, _ in units], lambda item: work[id(item)]())
+    outcomes: list[Outcome] = [None] * len(items)
+    for (_, indexes, _), result in zip(units, results, strict=True):
+        for i in indexes:
+            outcomes[i] = result if isinstance(result, Exception) else None
+    return outcomes
+
+
 SUMMARIZE = WorkerSpec(
     name="summarize",
     event=MemoryChanged,
     handle=summarize,
+    handle_batch=summarize_batch,
     resources=open_resources,
     subjects=MemoryChanged.subjects_where(lambda kind, op: job_for(kind, op) is not None),
 )
