@@ -272,3 +272,12 @@ def test_a_replayed_proposal_announces_what_the_first_delivery_stored() -> None:
         ("created", new.id, "reconcile:DELETE"),
         ("superseded", "pizza", "reconcile:DELETE"),
     ]
+
+
+def test_a_learned_fact_names_the_chat_model_of_its_turn() -> None:
+    """What summarize asks when no task model is set, without reading the turn again."""
+    said = proposal("User lives in Porto.").model_copy(update={"model": "llama3.1"})
+    record = core.learned_record(said, "m1", "ADD", [], kind="fact", text="User lives in Porto.")
+    assert record.metadata["model"] == "llama3.1"
+    unnamed = core.learned_record(proposal("x"), "m2", "ADD", [], kind="fact", text="x")
+    assert "model" not in unnamed.metadata

@@ -300,6 +300,10 @@ def learned_record(
     """A memory learned from the proposal's turn: owned by its user and conversation,
     dated when the turn was said, naming the turn it came from and what it replaces."""
     metadata = {"decision": decision, "proposal": proposal.event_id}
+    if proposal.model:
+        # the turn's chat model, as ingest records it on the turn: summarize asks it when
+        # no task model is set, without reading the source turns again
+        metadata["model"] = proposal.model
     replaced = [m.id for m in replaces]
     if replaced:
         metadata["supersedes"] = ",".join(replaced)
