@@ -45,6 +45,7 @@ def make_hit(
     total: float = 0.75,
     role: str = "",
     turn_index: int = 0,
+    metadata: dict[str, str] | None = None,
 ) -> SearchHit:
     """A search hit as retrieval returns it, for a scripted search result."""
     return SearchHit(
@@ -56,6 +57,7 @@ def make_hit(
             role=role,
             created_at=created_at,
             turn_index=turn_index,
+            metadata=metadata or {},
         ),
         scores=Scores(dense=0.5, sparse=1.25, relevance=0.8, recency=0.6, total=total, mmr=0.5),
         scope="conversation",
