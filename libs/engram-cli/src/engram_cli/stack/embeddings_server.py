@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# Before numpy: the package gives numpy's BLAS one thread, as in retrieval (its threads
+# spin between calls and take the core the model runs on).
+import engram_retrieval  # noqa: F401  # isort: skip
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
