@@ -213,7 +213,7 @@ def test_an_imported_speaker_is_named_once(hit: Callable[..., SearchHit]) -> Non
         hits=[
             turn_hit(hit, "Gina: Thanks Jon!", 1, "assistant", metadata=said),
             turn_hit(hit, "Jon: Any plans?", 2, "user", metadata={"speaker": "Jon"}),
-            # a speaker the text does not begin with: the role, and the words untouched
+            # the speaker named, the words untouched when they do not begin with the name
             turn_hit(hit, "Fine, thanks.", 5, "user", metadata={"speaker": "Jon"}),
         ],
     )
@@ -223,7 +223,7 @@ def test_an_imported_speaker_is_named_once(hit: Callable[..., SearchHit]) -> Non
         '   Gina said: "Thanks Jon!"',
         '   Jon said: "Any plans?"',
         "   …",
-        '   user said: "Fine, thanks."',
+        '   Jon said: "Fine, thanks."',
     ]
     alone = SearchResult(outcome="ranked", hits=[result.hits[0]])
     assert (render_memory(alone, now=NOW) or "").endswith(

@@ -87,6 +87,21 @@ class MemoryRecord(BaseModel):
             return profile_display_text(self.profile.category, self.profile.key, self.profile.value)
         return ""
 
+    @property
+    def speaker(self) -> str:
+        """Who said a chat message when an import named them (``metadata["speaker"]``,
+        a LoCoMo transcript's ``Gina``); "" otherwise, and the role says who."""
+        return self.metadata.get("speaker", "").strip()
+
+    @property
+    def spoken_text(self) -> str:
+        """Its words without the leading ``"<speaker>: "`` an imported turn repeats: what
+        retrieval indexes after the speaker's name and the memory message quotes after
+        ``<speaker> said:``."""
+        speaker = self.speaker
+        text = self.display_text
+        return text.removeprefix(f"{speaker}: ") if speaker else text
+
 
 def profile_display_text(category: str, key: str, value: str) -> str:
     """A profile entry as a reader sees it (the one form: search, the index, the API)."""

@@ -307,25 +307,13 @@ def quoted(text: str) -> str:
 
 
 def _speaker(memory: MemoryRecord) -> str:
-    """Who said a chat message: the speaker an import named (``metadata.speaker``, when
-    the text begins with it: ``Gina: Thanks!`` reads ``Gina said: "Thanks!"``), else its
-    role; as it is when it is a plain name (``user``, ``assistant``, ``Gina``), else
-    quoted like any stored text: a role or speaker written in a mirror file or an
-    import could otherwise start a line of its own and forge a note."""
-    who = _named_speaker(memory) or memory.role or "someone"
+    """Who said a chat message: the speaker an import named (``Gina said: "Thanks!"``,
+    :attr:`MemoryRecord.speaker`), else its role; as it is when it is a plain name
+    (``user``, ``assistant``, ``Gina``), else quoted like any stored text: a role or
+    speaker written in a mirror file or an import could otherwise start a line of its
+    own and forge a note."""
+    who = memory.speaker or memory.role or "someone"
     return who if _PLAIN_ROLE.fullmatch(who) else quoted(who)
-
-
-def _named_speaker(memory: MemoryRecord) -> str:
-    """The import's speaker of a message that begins with ``<speaker>: `` ("" if none)."""
-    speaker = memory.metadata.get("speaker", "").strip()
-    return speaker if speaker and memory.text.startswith(f"{speaker}: ") else ""
-
-
-def _said(memory: MemoryRecord) -> str:
-    """A message's words without the speaker :func:`_speaker` already names."""
-    speaker = _named_speaker(memory)
-    return memory.text.removeprefix(f"{speaker}: ") if speaker else memory.display_text
 
 
 def _is_message(memory: MemoryRecord) -> bool:
@@ -351,7 +339,7 @@ def _hit_label(memory: MemoryRecord) -> str:
 
 
 def _hit_line(number: int, memory: MemoryRecord) -> str:
-    text = quoted(_said(memory) if _is_message(memory) else memory.display_text)
+    text = quoted(memory.spoken_text if _is_message(memory) else memory.display_text)
     return f"{number}. [{_day(memory.created_at)}] {_hit_label(memory)}: {text}"
 
 
@@ -403,7 +391,7 @@ def _group_lines(number: int, group: Sequence[MemoryRecord]) -> list[str]:
     for previous, memory in zip([None, *group], group, strict=False):
         if previous is not None and memory.turn_index - previous.turn_index > 1:
             lines.append("   …")
-        lines.append(f"   {_speaker(memory)} said: {quoted(_said(memory))}")
+        lines.append(f"   {_speaker(memory)} said: {quoted(memory.spoken_text)}")
     return lines
 
 

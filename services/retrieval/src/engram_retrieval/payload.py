@@ -64,14 +64,11 @@ def index_key(record: MemoryRecord, created_at: datetime) -> str:
     are already self-contained statements, and reconcile compares a new fact's text
     with stored facts by cosine, which a date prefix would blur.
     """
-    text = record.display_text
     if record.kind != "turn":
-        return text
+        return record.display_text
     created = created_at.astimezone(UTC)
-    speaker = record.metadata.get("speaker", "").strip()
-    if speaker:
-        text = text.removeprefix(f"{speaker}: ")
-    return f'({created.day} {created:%B %Y}) {speaker or record.role or "someone"} said "{text}"'
+    who = record.speaker or record.role or "someone"
+    return f'({created.day} {created:%B %Y}) {who} said "{record.spoken_text}"'
 
 
 def _opt_ts(value: datetime | None) -> str | None:
