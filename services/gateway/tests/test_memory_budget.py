@@ -240,6 +240,52 @@ def test_an_imported_speaker_is_named_once(hit: Callable[..., SearchHit]) -> Non
     assert lines[-1] == f'1. [2025-03-04] {json.dumps(" ".join(forged.split()))} said: "hi"'
 
 
+def test_a_note_too_long_for_what_is_left_is_skipped_not_the_end_of_the_notes(
+    hit: Callable[..., SearchHit],
+) -> None:
+    short = [
+        hit(f"User likes tea number {i}.", id=f"00000000-0000-0000-0000-{i:012d}") for i in range(3)
+    ]
+    long_note = hit("User wrote a very long note. " * 12, id="00000000-0000-0000-0000-000000000099")
+    shorts_only = render_memory(SearchResult(outcome="ranked", hits=short), now=NOW)
+    assert shorts_only is not None
+    # room for the three short notes, not for the long one: the two after it still come
+    budget = estimate_tokens(shorts_only)
+    result = SearchResult(outcome="ranked", hits=[short[0], long_note, short[1], short[2]])
+    kept = within_budget(result, budget, now=NOW)
+    assert [h.memory.id for h in kept] == [h.memory.id for h in short]
+    result.hits = kept
+    assert estimate_tokens(render_memory(result, now=NOW) or "") <= budget
+
+
+@pytest.mark.parametrize(
+    ("language", "text", "at_least"),
+    [
+        # a real BPE tokenizer (Anthropic's legacy one) makes 33, 26 and 26 tokens of these
+        ("Chinese", "我喜欢吃披萨，但是我的猫咪不喜欢。我们住在上海。", 30),  # noqa: RUF001
+        ("Japanese", "私の猫の名前はミソです。東京に住んでいます。", 22),
+        ("Korean", "저는 피자를 좋아하지만 고양이는 싫어해요.", 22),
+        # 22, 45 and 16
+        ("Russian", "Мой кот любит спать на диване весь день.", 22),
+        ("Greek", "Η γάτα μου λέγεται Μίσο και αγαπά το ψάρι.", 30),  # noqa: RUF001
+        ("emoji", "I love 🍕 and 🐈 so much 😀😀", 14),
+    ],
+)
+def test_the_estimate_counts_scripts_a_tokenizer_splits_into_characters(
+    language: str, text: str, at_least: int
+) -> None:
+    # counted by words alone, the Chinese sentence was 7 tokens: a budget of 1000 would
+    # have let about 4,700 real tokens through
+    assert estimate_tokens(text) >= at_least, language
+
+
+def test_the_estimate_of_english_words_is_one_token_per_seven_letters_begun() -> None:
+    assert estimate_tokens("dog") == 1
+    assert estimate_tokens("painted") == 1
+    assert estimate_tokens("painting") == 2
+    assert estimate_tokens('Gina said: "Thanks!"') == 7
+
+
 def test_profile_and_summary_are_kept_whatever_the_budget(
     hit: Callable[..., SearchHit],
 ) -> None:

@@ -209,7 +209,8 @@ def within_budget(
 ) -> list[SearchHit]:
     """The hits, best first, that fit in ``max_tokens`` beside what is always attached
     (the summary, the profile, the headings), each costed as it will be rendered (a turn
-    joining a note of its neighbours costs its own line only)."""
+    joining a note of its neighbours costs its own line only). A hit too long for what
+    is left is passed over, not the end: a shorter one after it may still fit."""
     fixed = [*_attached_lines(result, now), _hits_heading(result, in_window)]
     spent = sum(estimate_tokens(line) for line in fixed)
     groups: list[list[MemoryRecord]] = []
@@ -234,7 +235,7 @@ def within_budget(
             lines_cost(_group_lines(number, before)) if before else 0
         )
         if spent + cost > max_tokens:
-            break
+            continue
         spent += cost
         if home is None:
             groups.append(after)
