@@ -98,11 +98,11 @@ def test_render_memory_has_summary_profile_and_dated_hits() -> None:
     )
     text = render_memory(response, now=NOW)
     assert text is not None
-    assert "Today is 2025-03-10." in text
-    assert 'Conversation summary (as of 2025-03-09):\n"Planning a trip to Lisbon."' in text
+    assert "Today is 10 March 2025." in text
+    assert 'Conversation summary (as of 9 March 2025):\n"Planning a trip to Lisbon."' in text
     assert '- "preference/diet": "vegetarian"' in text
-    assert '1. [2025-03-04] fact: "Lives in Berlin."' in text
-    assert '2. [2025-03-04] user said: "I love hiking"' in text
+    assert '1. [4 March 2025] fact: "Lives in Berlin."' in text
+    assert '2. [4 March 2025] user said: "I love hiking"' in text
 
 
 def test_render_memory_nothing_relevant_and_empty() -> None:
@@ -126,9 +126,9 @@ def test_render_memory_labels_a_corrected_statement_and_an_overview() -> None:
         hits=[_hit(fact), _hit(corrected)],
     )
     text = render_memory(response, now=NOW) or ""
-    assert "1. [2025-03-04] fact: \"User's wife's name is Jane\"" in text
+    assert "1. [4 March 2025] fact: \"User's wife's name is Jane\"" in text
     assert (
-        "2. [2025-03-04] user said (earlier; corrected on 2025-03-05, do not rely on it): "
+        "2. [4 March 2025] user said (earlier; corrected on 5 March 2025, do not rely on it): "
         '"My wife\'s name is Anne."' in text
     )
     summary = _memory("summary", "Talked about the trip.", conversation_id="trip")
@@ -138,7 +138,7 @@ def test_render_memory_labels_a_corrected_statement_and_an_overview() -> None:
     )
     text = render_memory(overview, now=NOW) or ""
     assert "Everything remembered about this user" in text
-    assert '2. [2025-03-04] summary of conversation "trip": "Talked about the trip."' in text
+    assert '2. [4 March 2025] summary of conversation "trip": "Talked about the trip."' in text
 
 
 def test_hit_json_carries_the_score_breakdown() -> None:

@@ -114,7 +114,9 @@ def test_small_store_is_injected_whole_and_says_so(hit: Callable[..., SearchHit]
     text = render_memory(complete, now=NOW)
     assert text is not None
     assert "All 2 stored memories, facts first, then newest first (there are no others):" in text
-    assert '1. [2025-03-04] fact: "Has a cat."\n2. [2025-03-04] fact: "Lives in Berlin."' in text
+    assert '1. [4 March 2025] fact: "Has a cat."\n2. [4 March 2025] fact: "Lives in Berlin."' in (
+        text
+    )
     assert "most relevant" not in text
 
     capped = SearchResult(outcome="small_store", hits=hits, candidates_considered=4)
