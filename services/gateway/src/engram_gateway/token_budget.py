@@ -12,12 +12,11 @@ punctuation marks, as a BPE or WordPiece tokenizer first splits it, and counts:
 - a punctuation mark: one token, two outside ASCII, three outside the Basic
   Multilingual Plane (an emoji is several bytes to a byte-level BPE).
 
-Measured against a real LLM tokenizer (Anthropic's legacy 65k BPE) on LoCoMo's memory
-messages, the estimate reads 1.04 x its count (median; never below it), and on one
-sentence in each of eleven languages between 0.65 x (Spanish, whose words an
-English-heavy vocabulary splits) and 1.5 x (Russian); it read 0.21 x on Chinese when it
-counted words alone
-(docs/retrieval.md, Token budget).
+Measured against a real LLM tokenizer (Anthropic's legacy 65k BPE) on the 760 memory
+messages of LoCoMo's development questions, the estimate reads 1.04 x its count (median;
+0.97 to 1.11), and on one sentence in each of eleven languages between 0.65 x (Spanish,
+whose words an English-heavy vocabulary splits) and 1.5 x (Russian); on Chinese it read
+0.21 x when it counted words alone (docs/retrieval.md, Token budget).
 """
 
 from __future__ import annotations
