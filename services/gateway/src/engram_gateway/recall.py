@@ -214,6 +214,7 @@ def within_budget(
     fixed = [*_attached_lines(result, now), _hits_heading(result, in_window)]
     spent = sum(estimate_tokens(line) for line in fixed)
     groups: list[list[MemoryRecord]] = []
+    group_costs: list[int] = []
     kept: list[SearchHit] = []
     # a note's lines are re-costed as it grows: each line is estimated once
     estimates: dict[str, int] = {}
@@ -228,19 +229,18 @@ def within_budget(
 
     for hit in result.hits:
         home = _home(groups, hit.memory)
-        number = len(groups) + 1 if home is None else groups.index(home) + 1
-        before = [] if home is None else home
-        after = sorted([*before, hit.memory], key=lambda m: m.turn_index)
-        cost = lines_cost(_group_lines(number, after)) - (
-            lines_cost(_group_lines(number, before)) if before else 0
-        )
+        index = len(groups) if home is None else groups.index(home)
+        after = sorted([*(home or ()), hit.memory], key=lambda m: m.turn_index)
+        after_cost = lines_cost(_group_lines(index + 1, after))
+        cost = after_cost - (group_costs[index] if home is not None else 0)
         if spent + cost > max_tokens:
             continue
         spent += cost
         if home is None:
             groups.append(after)
+            group_costs.append(after_cost)
         else:
-            groups[number - 1] = after
+            groups[index], group_costs[index] = after, after_cost
         kept.append(hit)
     return kept
 

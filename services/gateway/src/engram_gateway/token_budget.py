@@ -24,9 +24,13 @@ from __future__ import annotations
 import math
 import re
 
-_PIECE = re.compile(r"\w+|[^\w\s]")
 _CHARS_PER_WORD_TOKEN = 7
 _WIDE_CHAR_TOKENS = 1.5
+#: A word of up to seven characters (a longer one is matched in seven-character pieces)
+#: or a punctuation mark: for ASCII text, one match is one token of the estimate.
+_ASCII_TOKEN = re.compile(rf"\w{{1,{_CHARS_PER_WORD_TOKEN}}}|[^\w\s]")
+#: A word with a non-ASCII letter in it, or a non-ASCII mark: the pieces counted apart.
+_NON_ASCII_PIECE = re.compile(r"\w*[^\W\x00-\x7f]\w*|[^\w\s\x00-\x7f]")
 #: Tokens a memory note is counted at when asking retrieval for hits: a date, a label and
 #: a short sentence (LoCoMo's recalled notes average ≈ 60). Retrieval's cost grows with
 #: the hits asked for (its candidate pools are top_k * 5, capped): 25 at the default 1000
@@ -48,12 +52,12 @@ def _wide(char: str) -> bool:
     )
 
 
-def _word_tokens(word: str) -> int:
-    if word.isascii():
-        return math.ceil(len(word) / _CHARS_PER_WORD_TOKEN)
-    wide = sum(1 for char in word if _wide(char))
-    other = sum(1 for char in word if not char.isascii()) - wide
-    ascii_chars = len(word) - wide - other
+def _non_ascii_tokens(piece: str) -> int:
+    if not (piece[0].isalnum() or piece[0] == "_"):
+        return 3 if ord(piece) > 0xFFFF else 2  # a mark
+    wide = sum(1 for char in piece if _wide(char))
+    other = sum(1 for char in piece if not char.isascii()) - wide
+    ascii_chars = len(piece) - wide - other
     mixed = 1 if ascii_chars and other else 0
     return (
         math.ceil(ascii_chars / _CHARS_PER_WORD_TOKEN)
@@ -63,25 +67,15 @@ def _word_tokens(word: str) -> int:
     )
 
 
-def _mark_tokens(mark: str) -> int:
-    if mark.isascii():
-        return 1
-    return 3 if ord(mark) > 0xFFFF else 2
-
-
 def estimate_tokens(text: str) -> int:
     """Tokens a BPE or WordPiece tokenizer would make of ``text``, approximately."""
+    tokens = len(_ASCII_TOKEN.findall(text))
     if text.isascii():
-        return sum(
-            math.ceil(len(piece) / _CHARS_PER_WORD_TOKEN)
-            if piece[0].isalnum() or piece[0] == "_"
-            else 1
-            for piece in _PIECE.findall(text)
-        )
-    return sum(
-        _word_tokens(piece) if piece[0].isalnum() or piece[0] == "_" else _mark_tokens(piece)
-        for piece in _PIECE.findall(text)
-    )
+        return tokens
+    # the pieces with a non-ASCII character, counted by their own rule instead
+    for piece in _NON_ASCII_PIECE.findall(text):
+        tokens += _non_ascii_tokens(piece) - len(_ASCII_TOKEN.findall(piece))
+    return tokens
 
 
 def hits_for_budget(max_tokens: int, cap: int | None) -> int:
