@@ -20,7 +20,7 @@ from engram_gateway.controls import MemoryControls, split_memory_controls
 from engram_gateway.errors import GatewayError
 from engram_gateway.recall import render_memory, search_query, within_budget
 from engram_gateway.settings import GatewaySettings
-from engram_gateway.token_budget import estimate_tokens
+from engram_gateway.token_budget import cjk_character, estimate_tokens
 from engram_testing.memory_store import InMemoryPort
 
 from .conftest import StartGateway
@@ -283,23 +283,14 @@ def test_the_estimate_counts_scripts_a_tokenizer_splits_into_characters(
 
 
 def _estimate_piece_by_piece(text: str) -> int:
-    """The estimate's rules applied to one piece at a time, as its docstring says them."""
-
-    def wide(char: str) -> bool:
-        code = ord(char)
-        return (
-            0x2E80 <= code <= 0xD7AF
-            or 0xF900 <= code <= 0xFAFF
-            or 0xFF00 <= code <= 0xFFEF
-            or code >= 0x20000
-        )
-
+    """The estimate's rules applied to one piece at a time, as its docstring says them
+    (which characters are CJK is the module's own table)."""
     total = 0
     for piece in re.findall(r"\w+|[^\w\s]", text):
         if not (piece[0].isalnum() or piece[0] == "_"):
             total += 1 if piece.isascii() else 3 if ord(piece) > 0xFFFF else 2
             continue
-        n_wide = sum(map(wide, piece))
+        n_wide = sum(map(cjk_character, piece))
         other = sum(not c.isascii() for c in piece) - n_wide
         ascii_chars = len(piece) - n_wide - other
         total += math.ceil(ascii_chars / 7) + math.ceil(1.5 * n_wide) + other

@@ -41,7 +41,7 @@ MIN_BUDGET_HITS = 5
 MAX_HITS = 100
 
 
-def _wide(char: str) -> bool:
+def cjk_character(char: str) -> bool:
     """A character of the CJK scripts (ideographs, kana, Hangul, full-width forms)."""
     code = ord(char)
     return (
@@ -55,7 +55,7 @@ def _wide(char: str) -> bool:
 def _non_ascii_tokens(piece: str) -> int:
     if not (piece[0].isalnum() or piece[0] == "_"):
         return 3 if ord(piece) > 0xFFFF else 2  # a mark
-    wide = sum(1 for char in piece if _wide(char))
+    wide = sum(1 for char in piece if cjk_character(char))
     other = sum(1 for char in piece if not char.isascii()) - wide
     ascii_chars = len(piece) - wide - other
     mixed = 1 if ascii_chars and other else 0
