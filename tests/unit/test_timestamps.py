@@ -10,7 +10,7 @@ import pytest
 
 from engram_core.bus import ExpectedFetchNoise
 from engram_core.codec import from_timestamp, to_timestamp
-from engram_core.timestamps import compact_utc, format_utc, storable_utc
+from engram_core.timestamps import compact_utc, format_utc, spoken_day, storable_utc
 from engram_retrieval.payload import format_ts, parse_ts
 
 EDGES = [
@@ -62,3 +62,13 @@ def test_an_idle_fetch_timing_out_is_not_an_error_line() -> None:
     # anything else FastStream reports still is
     assert noise.filter(_record("Task-34 raised an exception, retrying...", KeyError("x")))
     assert noise.filter(_record("Received", None, 10))
+
+
+def test_a_day_is_named_as_people_write_it_in_utc() -> None:
+    # what a turn's index key and the memory message both say (3 tokens, not 5)
+    assert spoken_day(datetime(2023, 5, 8, 23, 30, tzinfo=UTC)) == "8 May 2023"
+    # late on 8 May in New York is 9 May in UTC; a naive time is taken as UTC
+    assert spoken_day(datetime(2023, 5, 8, 22, 0, tzinfo=timezone(timedelta(hours=-4)))) == (
+        "9 May 2023"
+    )
+    assert spoken_day(datetime(2023, 12, 31, 23, 0)) == "31 December 2023"

@@ -60,3 +60,10 @@ def compact_utc(value: datetime) -> str:
         f"{utc.year:04d}{utc.month:02d}{utc.day:02d}T"
         f"{utc.hour:02d}{utc.minute:02d}{utc.second:02d}Z"
     )
+
+
+def spoken_day(value: datetime) -> str:
+    """The day as people write it, ``8 May 2023`` (in UTC; a naive time taken as UTC):
+    how a turn's index key and the memory message the model reads both name a day."""
+    utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return f"{utc.day} {utc:%B %Y}"

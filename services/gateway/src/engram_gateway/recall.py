@@ -35,6 +35,7 @@ from engram_core.lifecycle import CORRECTED_AT, is_corrected
 from engram_core.logging import get_logger
 from engram_core.memory import MemoryRecord, SearchHit, SearchQuery, SearchResult
 from engram_core.memory_port import MemoryPort, RetrievalError
+from engram_core.timestamps import spoken_day
 from engram_gateway.controls import MemoryControls
 from engram_gateway.token_budget import estimate_tokens, hits_for_budget
 
@@ -293,9 +294,8 @@ def hit_json(hit: SearchHit, *, small_store: bool = False) -> dict[str, Any]:
 
 
 def _day(value: datetime | None) -> str:
-    """``8 May 2023``: how retrieval's index key writes a turn's day, and a few tokens
-    fewer than ``2023-05-08`` (3 against 5), on every note."""
-    return f"{value.day} {value:%B} {value.year}" if value else "undated"
+    # as retrieval's index key writes it, and 3 tokens where 2023-05-08 took 5
+    return spoken_day(value) if value else "undated"
 
 
 def _corrected_day(memory: MemoryRecord) -> str:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from engram_core.memory import DEFAULT_CONVERSATION, MemoryRecord, ProposedProfileFact
-from engram_core.timestamps import format_utc
+from engram_core.timestamps import format_utc, spoken_day
 
 # Fields that define a memory's content: a repeated Upsert with the same values is a
 # no-op. Bookkeeping (updated_at, embedding_model, the hashes themselves) is left out.
@@ -66,9 +66,8 @@ def index_key(record: MemoryRecord, created_at: datetime) -> str:
     """
     if record.kind != "turn":
         return record.display_text
-    created = created_at.astimezone(UTC)
     who = record.speaker or record.role or "someone"
-    return f'({created.day} {created:%B %Y}) {who} said "{record.spoken_text}"'
+    return f'({spoken_day(created_at)}) {who} said "{record.spoken_text}"'
 
 
 def _opt_ts(value: datetime | None) -> str | None:
