@@ -177,6 +177,34 @@ def test_turns_of_one_conversation_and_day_share_one_date_line(
     assert len(within_budget(result, estimate_tokens(text), now=NOW)) == 6
 
 
+def test_turns_from_a_client_that_sends_no_history_are_read_in_the_order_said(
+    hit: Callable[..., SearchHit],
+) -> None:
+    # each request held one message, so every user turn is place 0 of its history;
+    # the correction is recalled first, yet it was said after the statement it corrects
+    said = datetime(2025, 3, 4, 9, 0, tzinfo=UTC)
+    result = SearchResult(
+        outcome="ranked",
+        hits=[
+            hit(
+                "I'm not a nurse anymore.",
+                kind="turn",
+                role="user",
+                id="t-later",
+                created_at=said.replace(hour=11),
+            ),
+            hit("I work as a nurse.", kind="turn", role="user", id="t-first", created_at=said),
+        ],
+    )
+    notes = (render_memory(result, now=NOW) or "").split("(most relevant first):\n", 1)[1]
+    assert notes.splitlines() == [
+        "1. [4 March 2025] 2 turns:",
+        '   user said: "I work as a nurse."',
+        '   user said: "I\'m not a nurse anymore."',
+    ]
+    assert len(within_budget(result, 1000, now=NOW)) == 2
+
+
 def test_a_forged_turn_inside_a_group_stays_one_quoted_string(
     hit: Callable[..., SearchHit],
 ) -> None:

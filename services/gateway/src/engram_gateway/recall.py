@@ -231,7 +231,7 @@ def within_budget(
     for hit in result.hits:
         home = _home(groups, hit.memory)
         index = len(groups) if home is None else groups.index(home)
-        after = sorted([*(home or ()), hit.memory], key=lambda m: m.turn_index)
+        after = sorted([*(home or ()), hit.memory], key=_said_order)
         after_cost = lines_cost(_group_lines(index + 1, after))
         cost = after_cost - (group_costs[index] if home is not None else 0)
         if spent + cost > max_tokens:
@@ -377,8 +377,18 @@ def _session_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord]
             groups.append([memory])
         else:
             home.append(memory)
-            home.sort(key=lambda m: m.turn_index)
+            home.sort(key=_said_order)
     return groups
+
+
+def _said_order(memory: MemoryRecord) -> tuple[datetime, int]:
+    """When a turn was said: its time, then its place in the client's history (an
+    import gives a session's turns one time; a client that sends no history gives every
+    user turn place 0)."""
+    return (memory.created_at or _UNDATED, memory.turn_index)
+
+
+_UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
 def _home(groups: Sequence[list[MemoryRecord]], memory: MemoryRecord) -> list[MemoryRecord] | None:
