@@ -20,7 +20,7 @@ from engram_retrieval.store import (
     StoredPoint,
     StoreError,
 )
-from engram_retrieval.store.base import DimensionMismatchError, RecordVector
+from engram_retrieval.store.base import DenseVectorCache, DimensionMismatchError, RecordVector
 from engram_retrieval.store.edge import EdgeStore, _vectors
 from engram_retrieval.store.qdrant import QdrantStore
 
@@ -501,6 +501,65 @@ def test_a_record_vector_is_converted_once_when_first_read() -> None:
 
     with pytest.raises(StoreError, match="without its dense vector"):
         np.asarray(RecordVector(Bare()))
+
+
+def test_a_vector_converted_by_one_search_is_taken_from_the_cache_by_the_next() -> None:
+    class Record:
+        reads = 0
+
+        def __init__(self, values: list[float]) -> None:
+            self.values = values
+
+        @property
+        def vector(self) -> dict[str, list[float]]:
+            Record.reads += 1
+            return {"dense": self.values}
+
+    cache = DenseVectorCache(2)
+    first = np.asarray(RecordVector(Record([0.6, 0.8, 0, 0]), cache, (1, "h1")), dtype=np.float64)
+    again = np.asarray(RecordVector(Record([9.0, 9.0, 9, 9]), cache, (1, "h1")), dtype=np.float64)
+    assert Record.reads == 1 and np.array_equal(first, again)
+    # the same point with another index key (another embed_hash) is converted anew
+    rewritten = RecordVector(Record([0.0, 1.0, 0, 0]), cache, (1, "h2"))
+    assert np.asarray(rewritten) == pytest.approx([0, 1, 0, 0]) and Record.reads == 2
+    # full: the least recently used goes first
+    np.asarray(RecordVector(Record([1.0, 0.0, 0, 0]), cache, (2, "h1")))
+    assert len(cache) == 2 and cache.get((1, "h1")) is None
+    assert cache.get((1, "h2")) is not None
+    # a cached vector is read-only: a caller cannot change what the next search reads
+    with pytest.raises(ValueError):
+        np.asarray(RecordVector(Record([0.0, 0.0, 0, 0]), cache, (1, "h2")))[0] = 5.0
+    # no key (a point without embed_hash), or capacity 0: converted each time, kept nowhere
+    Record.reads = 0
+    np.asarray(RecordVector(Record([1.0, 0.0, 0, 0]), cache))
+    off = DenseVectorCache(0)
+    for _ in range(2):
+        np.asarray(RecordVector(Record([1.0, 0.0, 0, 0]), off, (3, "h")))
+    assert Record.reads == 3 and len(off) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        DenseVectorCache(-1)
+
+
+async def test_an_edge_search_reads_a_rewritten_points_new_vector(tmp_path: Path) -> None:
+    store = await EdgeStore.open(tmp_path / "shard", DIM)
+    try:
+        first = point(1, vector=[1, 0, 0, 0], embed_hash="text-1")
+        await store.upsert("a", [first, point(2, vector=[0.6, 0.8, 0, 0])])
+
+        async def vectors() -> dict[str, np.ndarray]:
+            (pool,) = await store.search(np.array([1.0, 0, 0, 0]), [PointFilter("a")], 5)
+            return {p.id: np.asarray(p.vector, dtype=np.float64) for p in pool}
+
+        assert (await vectors())[pid(1)] == pytest.approx([1, 0, 0, 0])
+        assert len(store.vectors) == 1  # point 2 has no embed_hash: never cached
+        # its text changed: a new embed_hash and a new vector, read in the next search
+        changed = point(1, vector=[0.8, 0.6, 0, 0], embed_hash="text-2")
+        await store.upsert("a", [changed])
+        read = await vectors()
+        assert read[pid(1)] == pytest.approx([0.8, 0.6, 0, 0], abs=1e-6)
+        assert read[pid(2)] == pytest.approx([0.6, 0.8, 0, 0], abs=1e-6)
+    finally:
+        await store.close()
 
 
 async def test_an_edge_search_drops_a_point_deleted_between_its_two_reads(

@@ -246,6 +246,14 @@ class RetrievalSettings(EngramSettings):
         description="Embedded store: points a segment holds before it gets an HNSW index; "
         "smaller segments are searched exactly through the payload indexes.",
     )
+    edge_vector_cache: int = Field(
+        default=8192,
+        ge=0,
+        le=1_000_000,
+        description="Embedded store: dense vectors of ranked memories kept converted for MMR "
+        "(most recently used; float32, 1.5 KB each at 384-d, so 12 MB at the default); a "
+        "memory ranked again is not converted out of the store again. 0: none.",
+    )
 
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 

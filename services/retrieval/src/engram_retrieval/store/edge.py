@@ -60,6 +60,7 @@ from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
     TOKENS_VECTOR,
+    DenseVectorCache,
     ForeignIdError,
     Page,
     PageCursor,
@@ -75,6 +76,9 @@ from engram_retrieval.store.base import (
 )
 from engram_retrieval.store.edge_optimize import ShardGenerations, run_optimizer
 from engram_retrieval.store.edge_shard import DEFAULT_INDEX_THRESHOLD, TOKEN_DATATYPES, open_shard
+
+#: Dense vectors kept converted for MMR (ENGRAM_EDGE_VECTOR_CACHE): 12 MB at 384-d
+DEFAULT_VECTOR_CACHE = 8192
 
 T = TypeVar("T")
 
@@ -116,6 +120,15 @@ def to_edge_filter(flt: PointFilter, *, before: str | None = None, at: str | Non
     return Filter(must=must, must_not=must_not or None)
 
 
+def _search_point(uid: uuid.UUID, record: Record, vectors: DenseVectorCache) -> StoredPoint:
+    """A search result whose dense vector is converted when first read, or taken from
+    ``vectors`` when an earlier search converted it (the key needs the ``embed_hash``)."""
+    payload = record.payload or {}
+    embedded = payload.get("embed_hash")
+    key = (uid.int, str(embedded)) if embedded else None
+    return StoredPoint(str(uid), payload, RecordVector(record, vectors, key))
+
+
 class EdgeStore:
     """:class:`~engram_retrieval.store.base.MemoryStore` on a Qdrant Edge shard."""
 
@@ -130,8 +143,10 @@ class EdgeStore:
         index_threshold: int = DEFAULT_INDEX_THRESHOLD,
         unindexed: int = 0,
         late_interaction: bool = True,
+        vector_cache: int = DEFAULT_VECTOR_CACHE,
     ) -> None:
         self._shard = shard
+        self.vectors = DenseVectorCache(vector_cache)
         self.late_interaction = late_interaction
         self._executor = executor
         self.dim = dim
@@ -156,6 +171,7 @@ class EdgeStore:
         *,
         optimize_after: int | None = None,
         index_threshold: int | None = None,
+        vector_cache: int = DEFAULT_VECTOR_CACHE,
     ) -> EdgeStore:
         """Open (or create) the shard at ``path``. ``optimize_after`` points written
         start a background optimisation (None: never); ``index_threshold`` is the
@@ -182,6 +198,7 @@ class EdgeStore:
             index_threshold=threshold,
             unindexed=unindexed,
             late_interaction=tokens is not None,
+            vector_cache=vector_cache,
         )
         if tokens is None:
             log.warning(
@@ -293,10 +310,7 @@ class EdgeStore:
             )
             records = self._shard.retrieve(distinct, True, [DENSE_VECTOR]) if distinct else []
         read = cast(list[tuple[uuid.UUID, Record]], [(r.id, r) for r in records])
-        points = {
-            uid.int: StoredPoint(str(uid), record.payload or {}, RecordVector(record))
-            for uid, record in read
-        }
+        points = {uid.int: _search_point(uid, record, self.vectors) for uid, record in read}
         uuids = {points[uid.int].id: uid for uid, _ in read}
         # Writes run on the edge thread and may land between the two reads: a point
         # deleted meanwhile is no candidate, nor is one whose id another tenant's write
