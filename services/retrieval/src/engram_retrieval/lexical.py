@@ -38,3 +38,14 @@ class LexicalEncoder:
     def query(self, text: str) -> SparseVec:
         vec = self._bm25.embed_query(text)
         return SparseVec(tuple(vec.indices), tuple(vec.values))
+
+
+def with_context(document: SparseVec, context: SparseVec, weight: float) -> SparseVec:
+    """``document`` plus ``weight`` times ``context``, term by term: a turn's BM25 document
+    that also holds, more or less strongly, the words of the turn it follows."""
+    if weight <= 0.0 or not context:
+        return document
+    merged = dict(zip(document.indices, document.values, strict=True))
+    for index, value in zip(context.indices, context.values, strict=True):
+        merged[index] = merged.get(index, 0.0) + weight * value
+    return SparseVec(tuple(merged), tuple(merged.values()))

@@ -189,7 +189,12 @@ async def build_server(
             clock=clock,
             encoder=EncodeQueue(embedder, cache_texts=settings.embed_cache_texts),
         )
-        servicer = MemoryServicer(store, embedder, pipeline)
+        servicer = MemoryServicer(
+            store,
+            embedder,
+            pipeline,
+            previous_turn_weight=settings.index_previous_turn_weight,
+        )
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),

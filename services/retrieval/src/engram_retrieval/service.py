@@ -42,7 +42,7 @@ from engram_retrieval.store import (
     StoredPoint,
     StoreError,
 )
-from engram_retrieval.writes import MemoryWriter, Written
+from engram_retrieval.writes import DEFAULT_PREVIOUS_TURN_WEIGHT, MemoryWriter, Written
 
 log = get_logger(__name__)
 
@@ -159,7 +159,12 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     protobuf in and out; the search itself is :class:`SearchPipeline`."""
 
     def __init__(
-        self, store: MemoryStore, embedder: SentenceEncoder, pipeline: SearchPipeline
+        self,
+        store: MemoryStore,
+        embedder: SentenceEncoder,
+        pipeline: SearchPipeline,
+        *,
+        previous_turn_weight: float = DEFAULT_PREVIOUS_TURN_WEIGHT,
     ) -> None:
         self.store = store
         self.embedder = embedder
@@ -171,6 +176,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             lexical=pipeline.lexical,
             clock=pipeline.clock,
             tracer=pipeline.tracer,
+            previous_turn_weight=previous_turn_weight,
         )
 
     # -- Search -----------------------------------------------------------------------
@@ -235,7 +241,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         tenant = _require_tenant(request.tenant)
         requested = _ids(request.ids)
         valid = [n for _, n in requested if n is not None]
-        deleted = set(await self.store.delete(tenant, valid))
+        deleted = set(await self.writer.forget(tenant, valid))
         response = pb.DeleteResponse()
         for raw, point_id in requested:
             if point_id in deleted:

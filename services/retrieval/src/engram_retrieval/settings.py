@@ -246,6 +246,14 @@ class RetrievalSettings(EngramSettings):
         description="Embedded store: points a segment holds before it gets an HNSW index; "
         "smaller segments are searched exactly through the payload indexes.",
     )
+    index_previous_turn_weight: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=10.0,
+        description="Weight of the previous turn's words in a turn's BM25 document (an "
+        "answer is found by the words of the question it answers); 0: a turn's own words "
+        "only. Applies to turns written from then on (`engram rebuild` re-indexes all).",
+    )
     edge_vector_cache: int = Field(
         default=8192,
         ge=0,

@@ -29,6 +29,7 @@ PAYLOAD_INDEXES: tuple[tuple[str, str], ...] = (
     ("kind", "keyword"),
     ("role", "keyword"),
     ("source_id", "keyword"),
+    ("context_turn_id", "keyword"),
     ("tags", "keyword"),
     ("superseded_by", "keyword"),
     ("created_at", "datetime"),
@@ -73,6 +74,10 @@ class PointFilter:
     tags: tuple[str, ...] = ()  # any of
     source_ids: tuple[str, ...] = ()  # any of
     role: str | None = None
+    #: a turn's place in its conversation (``turn_index``)
+    turn_index: int | None = None
+    #: turns whose BM25 document also holds one of these turns' words (writes.py)
+    context_turn_ids: tuple[str, ...] = ()  # any of
     include_superseded: bool = False
     # created_at bounds, in the payload's timestamp format: after <= created_at < before.
     created_after: str | None = None

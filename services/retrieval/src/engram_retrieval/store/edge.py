@@ -108,6 +108,10 @@ def to_edge_filter(flt: PointFilter, *, before: str | None = None, at: str | Non
         must.append(FieldCondition("source_id", match=MatchAny(list(flt.source_ids))))
     if flt.role is not None:
         must.append(FieldCondition("role", match=MatchValue(flt.role)))
+    if flt.turn_index is not None:
+        must.append(FieldCondition("turn_index", match=MatchValue(flt.turn_index)))
+    if flt.context_turn_ids:
+        must.append(FieldCondition("context_turn_id", match=MatchAny(list(flt.context_turn_ids))))
     if not flt.include_superseded:
         must.append(IsEmptyCondition("superseded_by"))
     if flt.created_after is not None or flt.created_before is not None:

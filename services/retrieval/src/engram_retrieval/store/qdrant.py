@@ -61,6 +61,11 @@ def to_qdrant_filter(
         must.append(m.FieldCondition(key="source_id", match=m.MatchAny(any=list(flt.source_ids))))
     if flt.role is not None:
         must.append(m.FieldCondition(key="role", match=m.MatchValue(value=flt.role)))
+    if flt.turn_index is not None:
+        must.append(m.FieldCondition(key="turn_index", match=m.MatchValue(value=flt.turn_index)))
+    if flt.context_turn_ids:
+        followed = m.MatchAny(any=list(flt.context_turn_ids))
+        must.append(m.FieldCondition(key="context_turn_id", match=followed))
     if not flt.include_superseded:
         must.append(m.IsEmptyCondition(is_empty=m.PayloadField(key="superseded_by")))
     if flt.created_after is not None or flt.created_before is not None:
