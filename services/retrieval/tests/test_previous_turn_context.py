@@ -27,7 +27,7 @@ LEXICAL = LexicalEncoder()
 
 
 async def serve(
-    tmp_path: Path, embedder: Embedder, tracer_provider: TracerProvider, weight: float = 2.0
+    tmp_path: Path, embedder: Embedder, tracer_provider: TracerProvider, weight: float = 1.0
 ) -> RunningServer:
     settings = RetrievalSettings(
         data_dir=tmp_path / "data",

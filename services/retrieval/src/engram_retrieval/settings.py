@@ -247,7 +247,7 @@ class RetrievalSettings(EngramSettings):
         "smaller segments are searched exactly through the payload indexes.",
     )
     index_previous_turn_weight: float = Field(
-        default=2.0,
+        default=1.0,
         ge=0.0,
         le=10.0,
         description="Weight of the previous turn's words in a turn's BM25 document (an "

@@ -46,7 +46,7 @@ from engram_retrieval.payload import (
 from engram_retrieval.store import MemoryStore, PointFilter, StoredPoint
 
 #: Weight of the previous turn's words in a turn's BM25 document (docs/retrieval.md).
-DEFAULT_PREVIOUS_TURN_WEIGHT = 2.0
+DEFAULT_PREVIOUS_TURN_WEIGHT = 1.0
 
 log = get_logger(__name__)
 
