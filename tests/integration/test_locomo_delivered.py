@@ -16,6 +16,7 @@ from engram_cli.bench.locomo.bench import (
     ingest,
     query_all,
     results_document,
+    run_locomo,
     scored_questions,
     summarize,
     tenant_of,
@@ -117,3 +118,29 @@ async def test_the_delivered_pass_scores_what_a_chat_would_be_given(tmp_path: Pa
     assert document["configs"]["default"]["delivered"]["recall"] == 1.0
     columns, table_rows = delivered_table([result])
     assert "tok p50" in columns and table_rows[0][0] == "default"
+
+
+async def test_the_bm25_baseline_ranks_each_turns_own_words(tmp_path: Path) -> None:
+    # The product indexes a turn with the words of the turn it answers; the baseline is
+    # plain BM25, so it gets a store of its own, indexed without them.
+    conversation = tiny_locomo()[0]
+    conversation["conversation"]["session_2"] = [
+        {"speaker": "Ana", "dia_id": "D2:1", "text": "What do you do on lazy Sundays?"},
+        {"speaker": "Bo", "dia_id": "D2:2", "text": "Chess with my grandfather, then bread."},
+    ]
+    conversation["qa"] = [
+        {"question": "What happens on lazy Sundays?", "evidence": ["D2:2"], "category": 4}
+    ]
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps([conversation]))
+    plan = BenchPlan(
+        samples=load_samples(path, []),
+        ks=(1, 5),
+        categories=(4,),
+        configs=[CONFIGS["default"], CONFIGS["bm25"]],
+    )
+    results, ingested = await run_locomo(plan)
+    recall = {r["config"]: r["overall"]["recall@5"] for r in results}
+    # the answer shares no word with the question: only the product's index finds it
+    assert recall == {"default": 1.0, "bm25": 0.0}
+    assert ingested.turns == 11

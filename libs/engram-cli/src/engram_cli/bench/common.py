@@ -51,6 +51,7 @@ class RetrievalProcess:
             "ENGRAM_LOG_FORMAT": "json",
         }
         script = Path(sys.executable).parent / "engram-retrieval"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log = (self.data_dir / "retrieval.log").open("ab")
         self.process = await asyncio.create_subprocess_exec(
             str(script), env=env, stdout=self.log, stderr=asyncio.subprocess.STDOUT

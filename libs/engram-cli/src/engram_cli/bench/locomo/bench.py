@@ -77,6 +77,8 @@ class Config:
     env: dict[str, str] = field(default_factory=dict)  # for the retrieval process
     request: RankingKnobs = field(default_factory=lambda: RankingKnobs())
     needs_reranker: bool = False
+    #: settings that change what is written (the configuration gets a store of its own)
+    index_env: dict[str, str] = field(default_factory=dict)
 
 
 CONFIGS = {
@@ -84,9 +86,11 @@ CONFIGS = {
     for c in (
         Config(
             "bm25",
-            "BM25 candidates ranked by BM25 (ENGRAM_SEARCH_CANDIDATES=lexical)",
+            "BM25 over each turn's own words, ranked by BM25 (ENGRAM_SEARCH_CANDIDATES=lexical; "
+            "a store indexed with ENGRAM_INDEX_PREVIOUS_TURN_WEIGHT=0: the plain baseline)",
             {"ENGRAM_SEARCH_CANDIDATES": "lexical", **NO_RERANKER},
             NEUTRAL_RANKING,
+            index_env={"ENGRAM_INDEX_PREVIOUS_TURN_WEIGHT": "0"},
         ),
         Config(
             "dense",
@@ -326,12 +330,16 @@ class BenchPlan:
 async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
     questions = scored_questions(plan.samples, plan.categories, plan.limit)
     evidence = evidence_counts(plan.samples, plan.categories)
-    ingested = Ingested()
+    # one store per distinct index_env, ingested by the first configuration that reads it
+    stores: dict[tuple[tuple[str, str], ...], tuple[str, Ingested]] = {}
     results = []
     with tempfile.TemporaryDirectory(prefix="engram-locomo-") as tmp:
         for config in plan.configs:
+            index = tuple(sorted(config.index_env.items()))
+            data_dir, ingested = stores.setdefault(index, (f"store-{len(stores)}", Ingested()))
+            env = {**config.env, **config.index_env}
             sys.stderr.write(f"[{config.name}] starting engram-retrieval\n")
-            async with RetrievalProcess(Path(tmp), extra_env=config.env) as memories:
+            async with RetrievalProcess(Path(tmp) / data_dir, extra_env=env) as memories:
                 if not ingested.turns:
                     await ingest(memories, plan.samples, plan.batch, ingested)
                 await check_stored(memories, plan.samples)
@@ -352,7 +360,7 @@ async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
                         tenant_of,
                     )
             results.append(result)
-    return results, ingested
+    return results, next(iter(stores.values()))[1]
 
 
 # -- output ------------------------------------------------------------------------
