@@ -1,9 +1,10 @@
 """Fixtures of the retrieval service's tests: the real embedder (loaded once per
-session), a tiny cross-encoder built on the fly, and an in-memory span exporter."""
+session), a tiny cross-encoder built on the fly, an in-memory span exporter, and a
+client of the module's ``server`` fixture."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
+from engram_retrieval.server import RunningServer
 
 VOCAB = {
     "[PAD]": 0,
@@ -108,3 +111,12 @@ def tracer_provider(span_exporter: InMemorySpanExporter) -> Iterator[TracerProvi
     provider.add_span_processor(SimpleSpanProcessor(span_exporter))
     yield provider
     provider.shutdown()
+
+
+@pytest.fixture
+async def client(server: RunningServer) -> AsyncIterator[RetrievalClient]:
+    retrieval = RetrievalClient(server.address, timeout_s=30)
+    try:
+        yield retrieval
+    finally:
+        await retrieval.close()

@@ -61,15 +61,6 @@ async def server(
         await running.stop(grace_s=0)
 
 
-@pytest.fixture
-async def client(server: RunningServer) -> AsyncIterator[RetrievalClient]:
-    retrieval = RetrievalClient(server.address, timeout_s=30)
-    try:
-        yield retrieval
-    finally:
-        await retrieval.close()
-
-
 def fact(
     text: str,
     *,
