@@ -213,6 +213,25 @@ async def test_payload_filters(store: MemoryStore) -> None:
     assert await store.count(PointFilter(tenant="b")) == 0
 
 
+async def test_turn_place_and_context_filters(store: MemoryStore) -> None:
+    await store.upsert(
+        "a",
+        [
+            point(1, kind="turn", turn_index=4),
+            point(2, kind="turn", turn_index=5, context_turn_id=pid(1)),
+            point(3, kind="turn", turn_index=5, context_turn_id=None),
+        ],
+    )
+    # another tenant's turn naming the same id is not read through tenant a
+    await store.upsert("b", [point(4, "b", kind="turn", turn_index=5, context_turn_id=pid(1))])
+    at_five = await store.list_page(PointFilter(tenant="a", turn_index=5), 10)
+    assert {p.id for p in at_five.points} == {pid(2), pid(3)}
+    assert await store.count(PointFilter(tenant="a", turn_index=0)) == 0
+    following = await store.list_page(PointFilter(tenant="a", context_turn_ids=(pid(1),)), 10)
+    assert [p.id for p in following.points] == [pid(2)]  # not tenant b's point 4
+    assert await store.count(PointFilter(tenant="b", context_turn_ids=(pid(1),))) == 1
+
+
 async def test_delete_only_own_points(store: MemoryStore) -> None:
     await store.upsert("a", [point(1), point(2)])
     await store.upsert("b", [point(3, tenant="b")])
