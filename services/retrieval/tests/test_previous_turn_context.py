@@ -4,10 +4,11 @@ question takes its words out of the answer's document."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -18,7 +19,7 @@ from engram_retrieval.embedder import Embedder
 from engram_retrieval.lexical import LexicalEncoder
 from engram_retrieval.server import RunningServer, build_server
 from engram_retrieval.settings import RetrievalSettings
-from engram_retrieval.store import PointFilter
+from engram_retrieval.store import PointFilter, StoreError
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 QUESTION = "Anything else you enjoy doing on weekends, Nate?"
@@ -131,6 +132,27 @@ async def test_a_deleted_question_leaves_no_words_in_its_answers_document(
     assert list(deleted.deleted_ids) == [question]
     assert await found_by_words(server, "enjoy doing on weekends") == set()
     assert ANSWER in await found_by_words(server, "video games")  # its own words stay
+
+
+async def test_a_delete_that_fails_after_the_follower_was_reindexed_is_retried_whole(
+    server: RunningServer, client: RetrievalClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    question, _ = await upsert(client, turn(QUESTION, 3, 1), turn(ANSWER, 4, 2, role="assistant"))
+    delete = server.store.delete
+
+    async def fails_once(tenant: str, ids: Sequence[str]) -> list[str]:
+        monkeypatch.setattr(server.store, "delete", delete)
+        raise StoreError("the disk is full")
+
+    monkeypatch.setattr(server.store, "delete", fails_once)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await client.delete(pb.DeleteRequest(tenant="acme", ids=[question]))
+    # the follower lost the question's words before the question was to go
+    assert await found_by_words(server, "enjoy doing on weekends") == {QUESTION}
+
+    retried = await client.delete(pb.DeleteRequest(tenant="acme", ids=[question]))
+    assert list(retried.deleted_ids) == [question]
+    assert await found_by_words(server, "enjoy doing on weekends") == set()
 
 
 async def test_a_rewritten_question_lends_its_new_words_to_its_answer(

@@ -138,8 +138,11 @@ class MemoryWriter:
                 pending[point_id].vector = vectors.dense
                 pending[point_id].tokens = vectors.tokens
         await self._with_previous_turns(tenant, records, indexed)
-        await self.store.upsert(tenant, list(pending.values()))
+        # Followers first: if the write below then fails, the turn keeps its old text and
+        # a retry re-indexes them again; in the other order a failed re-index would be
+        # lost, the retry finding the new text already stored (unchanged).
         await self._reindex_followers(tenant, rewritten)
+        await self.store.upsert(tenant, list(pending.values()))
         log.debug(
             "upsert.applied",
             tenant=tenant,
@@ -152,10 +155,11 @@ class MemoryWriter:
 
     async def forget(self, tenant: str, ids: Sequence[str]) -> list[str]:
         """Delete ``ids`` (the tenant's only); the ids deleted. A deleted turn's words
-        leave the BM25 document of the turn that follows it."""
-        deleted = await self.store.delete(tenant, ids)
-        await self._reindex_followers(tenant, dict.fromkeys(deleted))
-        return deleted
+        leave the BM25 document of the turn that follows it, before the turn itself goes
+        (if the delete then fails, its retry finds the follower done; a follower names
+        only a turn of its own tenant, so another tenant's id leaves it alone)."""
+        await self._reindex_followers(tenant, dict.fromkeys(ids))
+        return await self.store.delete(tenant, ids)
 
     # -- the turn a turn follows ------------------------------------------------------
 
