@@ -93,7 +93,7 @@ class MemoryWriter:
         pending: dict[str, StoredPoint] = {}
         to_embed: list[tuple[str, str]] = []
         written: list[Written] = []
-        indexed: list[tuple[MemoryRecord, StoredPoint]] = []  # turns whose words changed
+        indexed: list[tuple[MemoryRecord, StoredPoint]] = []  # turns this call (re)indexes
         rewritten: dict[str, str | None] = {}  # stored turns with other words: id -> new words
         for record in records:
             previous = pending.get(record.id) or existing.get(record.id)
