@@ -59,13 +59,14 @@ def turn(
     role: str = "user",
     conversation: str = "c1",
     memory_id: str = "",
+    user: str = "u1",
 ) -> pb.Memory:
     return pb.Memory(
         id=memory_id,
         kind=pb.MEMORY_KIND_TURN,
         role=role,
         text=text,
-        user_id="u1",
+        user_id=user,
         conversation_id=conversation,
         turn_index=index,
         created_at=to_timestamp(NOW - timedelta(minutes=60 - minutes)),
@@ -77,10 +78,10 @@ async def upsert(client: RetrievalClient, *memories: pb.Memory) -> list[str]:
     return [r.id for r in reply.results]
 
 
-async def found_by_words(server: RunningServer, words: str) -> set[str]:
+async def found_by_words(server: RunningServer, words: str, user: str = "u1") -> set[str]:
     """The texts BM25 alone finds for ``words`` in the user's memories."""
     (pool,) = await server.store.search(
-        np.zeros(server.store.dim), [PointFilter("acme", user_id="u1")], 20,
+        np.zeros(server.store.dim), [PointFilter("acme", user_id=user)], 20,
         sparse=LEXICAL.query(words), dense=False,
     )  # fmt: skip
     return {str(p.payload["text"]) for p in pool}
@@ -99,6 +100,22 @@ async def test_an_answer_is_found_by_the_words_of_the_question_it_answers(
     assert await found_by_words(server, "enjoy doing on weekends") == {QUESTION, ANSWER}
     # the answer is still found by its own words, and its text is its own
     assert ANSWER in await found_by_words(server, "video games")
+
+
+async def test_a_turn_never_holds_another_users_words(
+    server: RunningServer, client: RetrievalClient
+) -> None:
+    # Two users who both name their conversation "c1": each conversation is its user's.
+    await upsert(client, turn(QUESTION, 3, 1, user="alice"))
+    await upsert(client, turn(ANSWER, 4, 2, user="bob"))
+    await upsert(
+        client,
+        turn("My locker code is 4711.", 5, 3, user="alice"),
+        turn("Noted, see you.", 6, 4, user="bob"),
+    )
+    assert await found_by_words(server, "enjoy doing on weekends", user="bob") == set()
+    assert await found_by_words(server, "locker code", user="bob") == set()
+    assert await found_by_words(server, "enjoy doing on weekends", user="alice") == {QUESTION}
 
 
 async def test_within_one_upsert_the_newest_turn_said_before_it_is_the_one_followed(

@@ -9,6 +9,8 @@ import pytest
 
 from engram_core.settings import ConfigError, load_settings
 from engram_retrieval.settings import RetrievalSettings
+from engram_retrieval.store.edge import DEFAULT_VECTOR_CACHE
+from engram_retrieval.writes import DEFAULT_PREVIOUS_TURN_WEIGHT
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +32,9 @@ def test_defaults() -> None:
     assert s.edge_store_path == Path(".engram") / "qdrant" / "engram_memories"
     assert s.search_candidates == "hybrid" and s.search_lexical_weight == 0.5
     assert (s.embed_quantization, s.embed_threads) == ("dynamic-int8", 0)
+    # the defaults the store and the writer take when built without settings (tests)
+    assert s.edge_vector_cache == DEFAULT_VECTOR_CACHE
+    assert s.index_previous_turn_weight == DEFAULT_PREVIOUS_TURN_WEIGHT
 
 
 @pytest.mark.parametrize("value", ["dynamic-int8", "none", " None "])
@@ -81,6 +86,8 @@ def test_blank_optional_values_mean_unset(monkeypatch: pytest.MonkeyPatch) -> No
         ("ENGRAM_EMBED_MAX_LENGTH", "4096", "less than or equal to 512"),
         ("ENGRAM_SEARCH_CANDIDATES", "sparse", "'hybrid', 'dense' or 'lexical'"),
         ("ENGRAM_EMBED_QUANTIZATION", "int4", "'dynamic-int8' or 'none'"),
+        ("ENGRAM_EDGE_VECTOR_CACHE", "-1", "greater than or equal to 0"),
+        ("ENGRAM_INDEX_PREVIOUS_TURN_WEIGHT", "-0.5", "greater than or equal to 0"),
     ],
 )
 def test_bad_values_fail_fast_naming_the_variable(
