@@ -436,6 +436,25 @@ def test_a_turn_beside_a_strong_match_of_its_session_is_lifted() -> None:
     assert fused[3] > fused[2]
 
 
+def test_a_turn_between_two_matching_turns_outranks_one_beside_a_single_match() -> None:
+    from engram_retrieval.ranking import FusionWeights, adjacent_turns, linear_fusion
+
+    # turns 1 and 5 are equally similar: 1 sits between the question (0) and the reply
+    # (2) that both match, 5 only after a match (4); a turn of another conversation (9)
+    # is no one's neighbour
+    keys = [("c", 0), ("c", 1), ("c", 2), ("c", 4), ("c", 5), ("x", 9)]
+    dense = np.array([0.60, 0.40, 0.60, 0.60, 0.40, 0.20])
+    fused = linear_fusion(dense, FusionWeights(), adjacency=adjacent_turns(keys))
+    assert fused[1] > fused[4]
+    # and one match beside still lifts a turn over an equal one with none
+    alone = linear_fusion(
+        np.array([0.60, 0.40, 0.40]),
+        FusionWeights(),
+        adjacency=adjacent_turns([("c", 0), ("c", 1), ("c", 7)]),
+    )
+    assert alone[1] > alone[2]
+
+
 def test_mmr_picks_the_same_without_the_candidates_it_cannot_reach() -> None:
     from engram_retrieval.ranking import mmr_reachable, mmr_select
 

@@ -224,7 +224,7 @@ class FusionWeights:
     dense_rank: float = 0.35
     lexical_rank: float = 1.04
     late_rank: float = 1.64
-    neighbour: float = 2.07
+    neighbour: float = 3.0
     session: float = 3.85
     speaker: float = 1.77
     date_window: float = 0.51
@@ -286,8 +286,8 @@ def linear_fusion(
 
     Signals, each in [0, 1] over the pool: min-max of the cosine, BM25 (missing: 0) and
     MaxSim (missing: the pool's lowest), the reciprocal ranks of the three
-    (:func:`reciprocal_ranks`), the better neighbouring turn's and the session's
-    strength (:func:`session_strength`) of a base score (``0.15·mean(cos, bm25) +
+    (:func:`reciprocal_ranks`), the mean of the two neighbouring turns' (one not in the
+    pool counts 0) and the session's strength (:func:`session_strength`) of a base score (``0.15·mean(cos, bm25) +
     0.85·maxsim`` in min-max units, the fused similarity's weights), whether the query
     names the memory's speaker, and whether it was said in the query's date window. A
     signal that is absent (None) leaves its terms out. ``f = Σ wᵢ·signalᵢ`` is mapped
@@ -327,7 +327,9 @@ def linear_fusion(
             base = 0.15 * base + 0.85 * lt
     if adjacency is not None:
         padded = np.append(base, 0.0)  # index -1 reads the 0 appended here
-        terms.append((weights.neighbour, np.maximum(padded[adjacency[0]], padded[adjacency[1]])))
+        # both neighbours, not the better one: a turn between a question and a reply
+        # that both match is more likely the evidence than one beside a single match
+        terms.append((weights.neighbour, (padded[adjacency[0]] + padded[adjacency[1]]) / 2.0))
     if sessions is not None:
         terms.append((weights.session, session_strength(base, sessions)))
     if speaker_named is not None:
