@@ -287,8 +287,9 @@ def linear_fusion(
     Signals, each in [0, 1] over the pool: min-max of the cosine, BM25 (missing: 0) and
     MaxSim (missing: the pool's lowest), the reciprocal ranks of the three
     (:func:`reciprocal_ranks`), the mean of the two neighbouring turns' (one not in the
-    pool counts 0) and the session's strength (:func:`session_strength`) of a base score (``0.15·mean(cos, bm25) +
-    0.85·maxsim`` in min-max units, the fused similarity's weights), whether the query
+    pool counts 0) and the session's strength (:func:`session_strength`) of a base
+    score (``0.15·mean(cos, bm25) + 0.85·maxsim`` in min-max units, the fused
+    similarity's weights), whether the query
     names the memory's speaker, and whether it was said in the query's date window. A
     signal that is absent (None) leaves its terms out. ``f = Σ wᵢ·signalᵢ`` is mapped
     onto the pool's cosine range like :func:`fused_similarity`: a memory that would be
