@@ -455,6 +455,26 @@ def test_a_turn_between_two_matching_turns_outranks_one_beside_a_single_match() 
     assert alone[1] > alone[2]
 
 
+def test_a_turn_two_away_from_a_match_is_lifted_less_than_a_neighbour() -> None:
+    from engram_retrieval.ranking import FusionWeights, adjacent_turns, linear_fusion
+
+    # the match is turn 0; turn 2 is two after it, turn 1 right after, turn 9 far away:
+    # all three equally similar otherwise
+    keys = [("c", 0), ("c", 1), ("c", 2), ("c", 9)]
+    dense = np.array([0.60, 0.30, 0.30, 0.30])
+    assert adjacent_turns(keys, distance=2)[1].tolist() == [2, -1, -1, -1]
+    fused = linear_fusion(
+        dense,
+        FusionWeights(),
+        adjacency=adjacent_turns(keys),
+        two_away=adjacent_turns(keys, distance=2),
+    )
+    assert fused[1] > fused[2] > fused[3]
+    # without the signal, two away is as far as any other turn
+    flat = linear_fusion(dense, FusionWeights(), adjacency=adjacent_turns(keys))
+    assert flat[2] == pytest.approx(flat[3])
+
+
 def test_mmr_picks_the_same_without_the_candidates_it_cannot_reach() -> None:
     from engram_retrieval.ranking import mmr_reachable, mmr_select
 

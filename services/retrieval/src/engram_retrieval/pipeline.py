@@ -398,7 +398,8 @@ class SearchPipeline:
         dense = np.array([c.dense for c in candidates], dtype=np.float64)
         sparse = [c.sparse for c in candidates] if self.candidates == "hybrid" else None
         late = await self._late_scores(query.tenant, tokens, candidates)
-        adjacency = adjacent_turns([c.turn for c in candidates])
+        turns = [c.turn for c in candidates]
+        adjacency = adjacent_turns(turns)
         window = query_window(query.text, now)
         in_window = np.array([c.created_at in window for c in candidates]) if window else None
         signals = PoolSignals(
@@ -407,6 +408,7 @@ class SearchPipeline:
             late,
             adjacency,
             in_window,
+            two_away=adjacent_turns(turns, distance=2),
             sessions=[c.session for c in candidates],
             speaker_named=speakers_named(query.text, [c.speaker for c in candidates]),
         )

@@ -225,6 +225,7 @@ class FusionWeights:
     lexical_rank: float = 1.04
     late_rank: float = 1.64
     neighbour: float = 3.0
+    two_away: float = 1.5
     session: float = 3.85
     speaker: float = 1.77
     date_window: float = 0.51
@@ -278,6 +279,7 @@ def linear_fusion(
     sparse: Sequence[float | None] | None = None,
     late: Sequence[float | None] | None = None,
     adjacency: tuple[np.ndarray, np.ndarray] | None = None,
+    two_away: tuple[np.ndarray, np.ndarray] | None = None,
     sessions: Sequence[object | None] | None = None,
     speaker_named: np.ndarray | None = None,
     in_window: np.ndarray | None = None,
@@ -286,10 +288,11 @@ def linear_fusion(
 
     Signals, each in [0, 1] over the pool: min-max of the cosine, BM25 (missing: 0) and
     MaxSim (missing: the pool's lowest), the reciprocal ranks of the three
-    (:func:`reciprocal_ranks`), the mean of the two neighbouring turns' (one not in the
-    pool counts 0) and the session's strength (:func:`session_strength`) of a base
-    score (``0.15·mean(cos, bm25) + 0.85·maxsim`` in min-max units, the fused
-    similarity's weights), whether the query
+    (:func:`reciprocal_ranks`), the mean of the two neighbouring turns' (``adjacency``;
+    one not in the pool counts 0), the same of the turns two away (``two_away``) and
+    the session's strength (:func:`session_strength`) of a base score (``0.15·mean(cos,
+    bm25) + 0.85·maxsim`` in min-max units, the fused similarity's weights), whether the
+    query
     names the memory's speaker, and whether it was said in the query's date window. A
     signal that is absent (None) leaves its terms out. ``f = Σ wᵢ·signalᵢ`` is mapped
     onto the pool's cosine range like :func:`fused_similarity`: a memory that would be
@@ -326,11 +329,13 @@ def linear_fusion(
             lt = _spread(scores)
             terms += [(weights.late, lt), (weights.late_rank, reciprocal_ranks(scores))]
             base = 0.15 * base + 0.85 * lt
+    padded = np.append(base, 0.0)  # index -1 reads the 0 appended here
+    # both neighbours, not the better one: a turn between a question and a reply that
+    # both match is more likely the evidence than one beside a single match
     if adjacency is not None:
-        padded = np.append(base, 0.0)  # index -1 reads the 0 appended here
-        # both neighbours, not the better one: a turn between a question and a reply
-        # that both match is more likely the evidence than one beside a single match
         terms.append((weights.neighbour, (padded[adjacency[0]] + padded[adjacency[1]]) / 2.0))
+    if two_away is not None:
+        terms.append((weights.two_away, (padded[two_away[0]] + padded[two_away[1]]) / 2.0))
     if sessions is not None:
         terms.append((weights.session, session_strength(base, sessions)))
     if speaker_named is not None:
@@ -364,17 +369,20 @@ def speakers_named(query: str, speakers: Sequence[str]) -> np.ndarray:
     return out
 
 
-def adjacent_turns(keys: Sequence[tuple[str, int] | None]) -> tuple[np.ndarray, np.ndarray]:
-    """For each candidate, the position of the candidate that is the previous and the
-    next turn of the same conversation (``keys`` = (conversation, turn_index), None for
-    non-turns), or -1 when that turn is not in the pool."""
+def adjacent_turns(
+    keys: Sequence[tuple[str, int] | None], distance: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each candidate, the position of the candidate that is the turn ``distance``
+    before and the one ``distance`` after it in the same conversation (``keys`` =
+    (conversation, turn_index), None for non-turns), or -1 when that turn is not in the
+    pool."""
     where = {key: i for i, key in enumerate(keys) if key is not None}
     before = np.full(len(keys), -1, dtype=np.int64)
     after = np.full(len(keys), -1, dtype=np.int64)
     for i, key in enumerate(keys):
         if key is not None:
-            before[i] = where.get((key[0], key[1] - 1), -1)
-            after[i] = where.get((key[0], key[1] + 1), -1)
+            before[i] = where.get((key[0], key[1] - distance), -1)
+            after[i] = where.get((key[0], key[1] + distance), -1)
     return before, after
 
 

@@ -44,6 +44,7 @@ class PoolSignals:
     in_window: np.ndarray | None = None  # said within a date window the query names
     sessions: Sequence[object | None] | None = None  # a turn's (conversation, day)
     speaker_named: np.ndarray | None = None  # the query names who said it
+    two_away: Adjacency | None = None  # where the turns two before and after it are
 
 
 class RelevanceScorer(Protocol):
@@ -187,6 +188,7 @@ class CalibratedSimilarityScorer:
             sparse=signals.sparse if self.lexical_weight > 0.0 else None,
             late=signals.late if self.late_weight > 0.0 else None,
             adjacency=signals.adjacency if self.context_weight > 0.0 else None,
+            two_away=signals.two_away if self.context_weight > 0.0 else None,
             sessions=signals.sessions if self.context_weight > 0.0 else None,
             speaker_named=signals.speaker_named,
             in_window=signals.in_window if self.date_weight > 0.0 else None,
