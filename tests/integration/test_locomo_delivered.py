@@ -22,7 +22,7 @@ from engram_cli.bench.locomo.bench import (
     tenant_of,
 )
 from engram_cli.bench.locomo.dataset import load_samples
-from engram_cli.bench.locomo.delivered import delivered_pass, delivered_table
+from engram_cli.bench.locomo.delivered import delivered_pass, delivered_table, product_budget
 from engram_core.memory_port import MemoryPort
 from engram_testing.worker_stack import running_retrieval
 
@@ -93,22 +93,23 @@ async def test_the_delivered_pass_scores_what_a_chat_would_be_given(tmp_path: Pa
             "default",
             questions,
             (4,),
-            (0, 40, 1000),
+            (0, 40, product_budget()),
             ingested.turn_of_point,
             tenant_of,
         )
 
     delivered = result["delivered"]
     assert set(delivered) >= {"recall", "hit", "nothing_relevant", "tokens_p50", "tokens_p95"}
-    assert delivered["budget"] == 1000 and delivered["tokenizer"].startswith("all-MiniLM-L6-v2")
+    assert delivered["budget"] == product_budget()
+    assert delivered["tokenizer"].startswith("all-MiniLM-L6-v2")
     # with the product's budget the small conversation's evidence is delivered
     assert delivered["recall"] == 1.0 and delivered["hit"] == 1.0
     assert delivered["nothing_relevant"] == 0.0
     curve = {point["budget"]: point for point in delivered["curve"]}
-    assert list(curve) == [1000, 0, 40]
+    assert list(curve) == [product_budget(), 0, 40]
     # a budget too small for any note delivers the preamble alone: no evidence, few tokens
     assert curve[40]["recall"] == 0.0 and curve[40]["hits_p50"] == 0
-    assert curve[40]["tokens_p50"] < curve[1000]["tokens_p50"]
+    assert curve[40]["tokens_p50"] < curve[product_budget()]["tokens_p50"]
     assert delivered["by_category"]["single-hop"]["questions"] == 2
     # session-level scores beside turn-level ones
     assert result["overall"]["session_recall@5"] >= result["overall"]["recall@5"]

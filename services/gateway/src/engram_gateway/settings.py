@@ -58,12 +58,14 @@ class GatewaySettings(EngramSettings, LockSettingsMixin, NearDuplicateSettingsMi
     )
     gateway_memory_top_k: int | None = Field(default=None, ge=1, le=100)
     gateway_memory_max_tokens: int = Field(
-        default=1000,
+        default=1050,
         ge=0,
         le=100_000,
         description="Token budget of the injected memory message when a request does not "
         "say: the best memories in rank order until it is spent, memory_top_k as a cap; "
-        "0: no budget, top_k hits (docs/retrieval.md, 'Token budget').",
+        "0: no budget, top_k hits. 1050 by the gateway's estimate, which counts a few "
+        "percent over a real tokenizer: a median of about 1000 real tokens "
+        "(docs/retrieval.md, 'Token budget').",
     )
     gateway_memory_recency_weight: float | None = Field(default=None, ge=0, le=1)
     gateway_memory_score_threshold: float | None = Field(default=None, ge=0, le=1)

@@ -33,7 +33,7 @@ _ASCII_TOKEN = re.compile(rf"\w{{1,{_CHARS_PER_WORD_TOKEN}}}|[^\w\s]")
 _NON_ASCII_PIECE = re.compile(r"\w*[^\W\x00-\x7f]\w*|[^\w\s\x00-\x7f]")
 #: Tokens a memory note is counted at when asking retrieval for hits: a date, a label and
 #: a short sentence (LoCoMo's recalled notes average ≈ 60). Retrieval's cost grows with
-#: the hits asked for (its candidate pools are top_k * 5, capped): 25 at the default 1000
+#: the hits asked for (its candidate pools are top_k * 5, capped): 27 at the default 1050
 #: tokens, not the 50 that the shortest notes would fit (docs/retrieval.md, Token budget).
 MIN_NOTE_TOKENS = 40
 #: The fewest hits asked for under a budget, and retrieval's cap on top_k.
