@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import time
 import unicodedata
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from urllib.parse import unquote
@@ -32,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engram_core.bus import open_bucket
 from engram_core.logging import get_logger
+from engram_core.lru import LruCache
 from engram_gateway.bus_link import BusLink
 
 log = get_logger(__name__)
@@ -82,7 +82,7 @@ class UserNames:
         self._bus = bus
         self._kv: KeyValue | None = None
         self._opening = asyncio.Lock()
-        self._written: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._written: LruCache[str, tuple[str, float]] = LruCache(CACHE_SIZE)
         self._pending: set[asyncio.Task[None]] = set()
 
     async def _bucket(self) -> KeyValue | None:
@@ -126,10 +126,7 @@ class UserNames:
         except Exception as exc:
             log.warning("user_name.not_recorded", error=f"{type(exc).__name__}: {exc}")
             return
-        self._written[key] = (name, time.monotonic())
-        self._written.move_to_end(key)
-        while len(self._written) > CACHE_SIZE:
-            self._written.popitem(last=False)
+        self._written.put(key, (name, time.monotonic()))
 
     async def names(self, tenant: str, user_ids: Iterable[str]) -> dict[str, str]:
         """The recorded names of these users of the tenant (those that have one); empty

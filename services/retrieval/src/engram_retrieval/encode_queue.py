@@ -18,10 +18,10 @@ text; a retried Upsert) are answered from a small LRU cache of their vectors.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engram_core.lru import LruCache
 from engram_retrieval.embedder import Encoded, SentenceEncoder
 
 #: Texts whose vectors are kept (a MiniLM text: 1.5 KB dense + ~1 KB per token).
@@ -63,10 +63,9 @@ class EncodeQueue:
         max_run: int = MAX_RUN_TEXTS,
     ) -> None:
         self.embedder = embedder
-        self.cache_texts = cache_texts
         self.max_run = max_run
         self.stats = EncodeStats()
-        self._cache: OrderedDict[str, Encoded] = OrderedDict()
+        self._cache: LruCache[str, Encoded] = LruCache(cache_texts)
         self._searches = _Lane()
         self._writes = _Lane()
 
@@ -77,7 +76,7 @@ class EncodeQueue:
     async def encode(self, texts: Sequence[str], *, urgent: bool = False) -> list[Encoded]:
         """Sentence and token vectors of each text, in input order. ``urgent``: a
         search someone waits for; it does not wait for writes."""
-        found = [self._cached(text) for text in texts]
+        found = [self._cache.get(text) for text in texts]
         missing = list(dict.fromkeys(t for t, e in zip(texts, found, strict=True) if e is None))
         self.stats.cached += len(texts) - len(missing)
         if missing:
@@ -88,18 +87,6 @@ class EncodeQueue:
     async def encode_one(self, text: str, *, urgent: bool = False) -> Encoded:
         (encoded,) = await self.encode([text], urgent=urgent)
         return encoded
-
-    def _cached(self, text: str) -> Encoded | None:
-        encoded = self._cache.get(text)
-        if encoded is not None:
-            self._cache.move_to_end(text)
-        return encoded
-
-    def _remember(self, text: str, encoded: Encoded) -> None:
-        self._cache[text] = encoded
-        self._cache.move_to_end(text)
-        while len(self._cache) > self.cache_texts:
-            self._cache.popitem(last=False)
 
     async def _queued(self, texts: list[str], urgent: bool) -> list[Encoded]:
         lane = self._searches if urgent else self._writes
@@ -135,7 +122,7 @@ class EncodeQueue:
             self.stats.texts += len(texts)
             by_text = dict(zip(texts, encoded, strict=True))
             for text, vectors in by_text.items():
-                self._remember(text, vectors)
+                self._cache.put(text, vectors)
             for request in requests:
                 if not request.done.done():
                     request.done.set_result([by_text[t] for t in request.texts])

@@ -6,14 +6,13 @@ can return or delete another tenant's points (retrieve/delete by id check it too
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from engram_core.lru import LruCache
 from engram_retrieval.lexical import SparseVec
 
 DENSE_VECTOR = "dense"
@@ -88,41 +87,14 @@ class PointFilter:
             raise ValueError("a store filter always names the tenant")
 
 
-class DenseVectorCache:
-    """Dense vectors of recently ranked points (float32, read-only), most recently used
-    kept. Converting a search result's vector out of the embedded store's record (a
-    list of 384 Python floats, then an array) costs ≈ 30 µs a point, and MMR compares up
-    to ≈ 150 candidates a search, mostly the same memories of one user search after
-    search. Keyed by (point id, ``embed_hash``): a point's vector changes only with its
-    index key or embedding model (retrieval's write path reuses it otherwise, and no
-    request carries vectors), which change ``embed_hash``, so an entry is never stale
-    and writes need not invalidate it. Safe across threads."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0 (got {capacity})")
-        self.capacity = capacity
-        self._vectors: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._vectors)
-
-    def get(self, key: tuple[int, str]) -> np.ndarray | None:
-        with self._lock:
-            vector = self._vectors.get(key)
-            if vector is not None:
-                self._vectors.move_to_end(key)
-            return vector
-
-    def put(self, key: tuple[int, str], vector: np.ndarray) -> None:
-        if not self.capacity:
-            return
-        with self._lock:
-            self._vectors[key] = vector
-            self._vectors.move_to_end(key)
-            while len(self._vectors) > self.capacity:
-                self._vectors.popitem(last=False)
+#: Dense vectors of recently ranked points (float32, read-only), keyed by (point id,
+#: ``embed_hash``). Converting a search result's vector out of the embedded store's record
+#: (a list of 384 Python floats, then an array) costs ≈ 30 µs a point, and MMR compares up
+#: to ≈ 150 candidates a search, mostly the same memories of one user search after search.
+#: A point's vector changes only with its index key or embedding model (retrieval's write
+#: path reuses it otherwise, and no request carries vectors), which change ``embed_hash``,
+#: so an entry is never stale and writes need not invalidate it.
+DenseVectorCache = LruCache[tuple[int, str], np.ndarray]
 
 
 class RecordVector:

@@ -32,7 +32,6 @@ between the write and the publish loses no event.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -45,6 +44,7 @@ from engram_core import lifecycle
 from engram_core.events import MemoryChanged, MemoryChangeOp
 from engram_core.kinds import kind_names, kind_policy
 from engram_core.logging import get_logger
+from engram_core.lru import LruCache
 from engram_core.memory import MemoryFilter, MemoryKindName, MemoryRecord
 from engram_core.memory_writes import Change, apply
 from engram_core.worker_catalog import worker_entry
@@ -119,7 +119,7 @@ class EpisodeBoundaries:
         self.size = size
         self.ttl_s = ttl_s
         self.clock = clock
-        self._entries: OrderedDict[ConversationKey, tuple[float, datetime | None]] = OrderedDict()
+        self._entries: LruCache[ConversationKey, tuple[float, datetime | None]] = LruCache(size)
 
     def get(self, key: ConversationKey) -> tuple[bool, datetime | None]:
         """(whether one is remembered, the boundary)."""
@@ -128,19 +128,15 @@ class EpisodeBoundaries:
             return False, None
         stored_at, boundary = entry
         if self.clock() - stored_at > self.ttl_s:
-            del self._entries[key]
+            self._entries.pop(key)
             return False, None
-        self._entries.move_to_end(key)
         return True, boundary
 
     def put(self, key: ConversationKey, boundary: datetime | None) -> None:
-        self._entries[key] = (self.clock(), boundary)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self._entries.put(key, (self.clock(), boundary))
 
     def drop(self, key: ConversationKey) -> None:
-        self._entries.pop(key, None)
+        self._entries.pop(key)
 
 
 @dataclass
