@@ -91,10 +91,11 @@ class RealRetrieval:
 
 
 @asynccontextmanager
-async def running_retrieval(data_dir: Path) -> AsyncIterator[RealRetrieval]:
-    """The retrieval service on a free port with an embedded store under ``data_dir``,
-    and a client of it (closed with the server)."""
-    settings = RetrievalSettings(data_dir=data_dir, retrieval_listen="127.0.0.1:0")
+async def running_retrieval(data_dir: Path, **settings_: Any) -> AsyncIterator[RealRetrieval]:
+    """The retrieval service on a free port with an embedded store under ``data_dir``
+    (``settings_``: other :class:`RetrievalSettings` fields), and a client of it (closed
+    with the server)."""
+    settings = RetrievalSettings(data_dir=data_dir, retrieval_listen="127.0.0.1:0", **settings_)
     server = await build_server(settings, embedder=shared_embedder())
     client = RetrievalClient(server.address, timeout_s=30)
     try:

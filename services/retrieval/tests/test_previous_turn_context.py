@@ -11,15 +11,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
 
 from engram_core.codec import pb, to_timestamp
 from engram_core.retrieval_client import RetrievalClient
-from engram_retrieval.embedder import Embedder
 from engram_retrieval.lexical import LexicalEncoder
-from engram_retrieval.server import RunningServer, build_server
-from engram_retrieval.settings import RetrievalSettings
+from engram_retrieval.server import RunningServer
 from engram_retrieval.store import PointFilter, StoreError
+from engram_testing.worker_stack import RealRetrieval, running_retrieval
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 QUESTION = "Anything else you enjoy doing on weekends, Nate?"
@@ -27,28 +25,20 @@ ANSWER = "Playing video games and watching movies are my main hobbies."
 LEXICAL = LexicalEncoder()
 
 
-async def serve(
-    tmp_path: Path, embedder: Embedder, tracer_provider: TracerProvider, weight: float = 1.0
-) -> RunningServer:
-    settings = RetrievalSettings(
-        data_dir=tmp_path / "data",
-        retrieval_listen="127.0.0.1:0",
-        index_previous_turn_weight=weight,
-    )
-    return await build_server(
-        settings, embedder=embedder, tracer=tracer_provider.get_tracer("t"), clock=lambda: NOW
-    )
+@pytest.fixture
+async def retrieval(tmp_path: Path) -> AsyncIterator[RealRetrieval]:
+    async with running_retrieval(tmp_path / "data") as running:
+        yield running
 
 
 @pytest.fixture
-async def server(
-    tmp_path: Path, embedder: Embedder, tracer_provider: TracerProvider
-) -> AsyncIterator[RunningServer]:
-    running = await serve(tmp_path, embedder, tracer_provider)
-    try:
-        yield running
-    finally:
-        await running.stop(grace_s=0)
+def server(retrieval: RealRetrieval) -> RunningServer:
+    return retrieval.server
+
+
+@pytest.fixture
+def client(retrieval: RealRetrieval) -> RetrievalClient:
+    return retrieval.client
 
 
 def turn(
@@ -183,16 +173,11 @@ async def test_a_rewritten_question_lends_its_new_words_to_its_answer(
 
 
 async def test_with_weight_zero_a_turn_is_indexed_under_its_own_words_only(
-    tmp_path: Path, embedder: Embedder, tracer_provider: TracerProvider
+    tmp_path: Path,
 ) -> None:
-    running = await serve(tmp_path, embedder, tracer_provider, weight=0.0)
-    retrieval = RetrievalClient(running.address, timeout_s=30)
-    try:
-        await upsert(retrieval, turn(QUESTION, 3, 1), turn(ANSWER, 4, 2, role="assistant"))
-        assert await found_by_words(running, "enjoy doing on weekends") == {QUESTION}
-    finally:
-        await retrieval.close()
-        await running.stop(grace_s=0)
+    async with running_retrieval(tmp_path / "data", index_previous_turn_weight=0.0) as running:
+        await upsert(running.client, turn(QUESTION, 3, 1), turn(ANSWER, 4, 2, role="assistant"))
+        assert await found_by_words(running.server, "enjoy doing on weekends") == {QUESTION}
 
 
 def test_context_words_are_added_term_by_term_with_their_weight() -> None:
