@@ -103,7 +103,7 @@ def test_pool_size_is_top_k_times_multiplier_but_tells_small_stores_apart() -> N
     assert RankingParams(top_k=5).pool_size == 25
     assert RankingParams(top_k=1, candidate_multiplier=3).pool_size == 6  # small_store_size 5 + 1
     a, b, c = (cand(id_, [1, 0]) for id_ in "abc")
-    assert pools_complete([[a, b], []], 3) and not pools_complete([[a, b, c]], 3)
+    assert pools_complete([[a, b], []], [3, 3]) and not pools_complete([[a, b, c]], [3])
 
 
 def test_rank_full_pipeline_numbers() -> None:

@@ -5,10 +5,11 @@ only translates protobuf in and out. The ranking maths is pure (:mod:`ranking`);
 module does the I/O around it (the embedder in a worker thread, the store) and the
 stage spans and timings.
 
-Scopes (each its own candidate pool of ``top_k * candidate_multiplier``): the user's
-conversation, the user's other conversations, and the tenant-wide bucket (no user,
-conversation ``global``). A user never sees another user's memories: every pool filters
-on the exact ``user_id`` (``""`` included).
+Scopes: the user's conversation (a candidate pool of ``top_k * candidate_multiplier``
+per source), the user's other conversations and the tenant-wide bucket (no user,
+conversation ``global``; by default what the conversation's pool leaves of that
+size). A user never sees another user's memories: every pool filters on the exact
+``user_id`` (``""`` included).
 
 A question about memory itself ("what do you know about me?", :mod:`overview`) is
 answered with the user's current facts and conversation summaries, newest first
@@ -47,7 +48,7 @@ from engram_retrieval.expansion import (
     expand_first_person,
     is_about_the_user,
 )
-from engram_retrieval.lexical import LexicalEncoder
+from engram_retrieval.lexical import LexicalEncoder, SparseVec
 from engram_retrieval.overview import asks_for_overview
 from engram_retrieval.payload import parse_ts
 from engram_retrieval.ranking import (
@@ -58,6 +59,7 @@ from engram_retrieval.ranking import (
     lexical_relevance,
     merge_identical,
     merge_pools,
+    other_scopes_limit,
     pools_complete,
     rank,
     recency,
@@ -198,6 +200,7 @@ class SearchPipeline:
         category_expansion: bool = False,
         personal_score_threshold: float | None = None,
         overview_limit: int = 20,
+        other_scopes_pool: str = "remainder",
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
         encoder: EncodeQueue | None = None,
@@ -218,6 +221,11 @@ class SearchPipeline:
         # the default threshold of a question about the user (None: the one default)
         self.personal_score_threshold = personal_score_threshold
         self.overview_limit = overview_limit
+        if other_scopes_pool not in ("remainder", "full"):
+            raise ValueError(
+                f"other_scopes_pool must be remainder or full (got {other_scopes_pool!r})"
+            )
+        self.other_scopes_pool = other_scopes_pool
         # Only a scorer that reads MaxSim gets it; a cross-encoder reads the texts.
         self.late_interaction = getattr(scorer, "late_weight", 0.0) > 0.0
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
@@ -326,13 +334,7 @@ class SearchPipeline:
 
         with self.tracer.start_as_current_span("candidates", attributes=attrs) as span:
             t = time.perf_counter()
-            raw = await self.store.search(
-                encoded.dense,
-                [s.flt for s in scopes],
-                params.pool_size,
-                sparse=sparse_query,
-                dense=self.candidates != "lexical",
-            )
+            raw, limits = await self._candidate_pools(encoded.dense, scopes, params, sparse_query)
             pools = [
                 [candidate(p, scope.name) for p in pool]
                 for scope, pool in zip(scopes, raw, strict=True)
@@ -362,7 +364,7 @@ class SearchPipeline:
                 relevance,
                 params,
                 now,
-                complete=pools_complete(pools, params.pool_size),
+                complete=pools_complete(pools, limits),
                 order=order,
             )
             timings.mmr_ms = _ms(t)
@@ -384,6 +386,31 @@ class SearchPipeline:
             for h in result.hits
         ]
         return Ranked(_OUTCOME_NAMES[result.outcome], hits, result.considered, timings=timings)
+
+    async def _candidate_pools(
+        self,
+        vector: np.ndarray,
+        scopes: list[Scope],
+        params: RankingParams,
+        sparse: SparseVec | None,
+    ) -> tuple[list[list[StoredPoint]], list[int]]:
+        """Each scope's candidates and the limit it was searched with. Beside the
+        conversation, the wider scopes get what its pool leaves (``other_scopes_pool``
+        ``remainder``): a search ranks about one pool per source however many scopes it
+        spans, the conversation's own memories first."""
+        dense = self.candidates != "lexical"
+        pool = params.pool_size
+        if self.other_scopes_pool == "full" or len(scopes) < 2 or scopes[0].name != "conversation":
+            raw = await self.store.search(
+                vector, [s.flt for s in scopes], pool, sparse=sparse, dense=dense
+            )
+            return raw, [pool] * len(scopes)
+        (own,) = await self.store.search(vector, [scopes[0].flt], pool, sparse=sparse, dense=dense)
+        rest = other_scopes_limit(len(own), pool, params.top_k, params.small_store_size)
+        others = await self.store.search(
+            vector, [s.flt for s in scopes[1:]], rest, sparse=sparse, dense=dense
+        )
+        return [own, *others], [pool, *([rest] * len(others))]
 
     async def _relevance(
         self, query: SearchQuery, tokens: np.ndarray, candidates: Sequence[Candidate], now: datetime

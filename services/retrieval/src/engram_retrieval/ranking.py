@@ -500,9 +500,17 @@ def facts_first(hits: list[ScoredCandidate], margin: float) -> list[ScoredCandid
     return leading + [h for h in hits if h not in leading]
 
 
-def pools_complete(pools: Sequence[Sequence[Candidate]], pool_size: int) -> bool:
-    """True when no pool hit its limit, i.e. the pools hold every memory in scope."""
-    return all(len(pool) < pool_size for pool in pools)
+def pools_complete(pools: Sequence[Sequence[Candidate]], limits: Sequence[int]) -> bool:
+    """True when no pool hit its limit (each pool's own), i.e. the pools hold every
+    memory in scope."""
+    return all(len(pool) < limit for pool, limit in zip(pools, limits, strict=True))
+
+
+def other_scopes_limit(own_pool: int, pool_size: int, top_k: int, small_store_size: int) -> int:
+    """Candidates per source for the scopes searched beside the conversation: what the
+    conversation's pool of ``own_pool`` candidates leaves of ``pool_size``, never fewer
+    than ``top_k`` (nor too few to tell a small store)."""
+    return max(pool_size - own_pool, top_k, small_store_size + 1)
 
 
 def recency(created_at: Sequence[datetime], now: datetime, half_life_days: float) -> np.ndarray:

@@ -185,6 +185,7 @@ async def build_server(
             category_expansion=settings.search_category_expansion,
             personal_score_threshold=settings.search_personal_score_threshold,
             overview_limit=settings.search_overview_limit,
+            other_scopes_pool=settings.search_other_scopes_pool,
             tracer=tracer,
             clock=clock,
             encoder=EncodeQueue(embedder, cache_texts=settings.embed_cache_texts),

@@ -226,6 +226,15 @@ class RetrievalSettings(EngramSettings):
         description="Facts returned for a question about memory itself ('what do you know "
         "about me?') when the request sets no top_k.",
     )
+    search_other_scopes_pool: Literal["remainder", "full"] = Field(
+        default="remainder",
+        description="How many candidates per source the wider scopes (the user's other "
+        "conversations, the tenant-wide bucket) are searched for beside the conversation: "
+        "remainder = what the conversation's own pool leaves of the pool size, never fewer "
+        "than top_k (a new conversation's search gets the whole pool from the others); "
+        "full = a whole pool each, as before 2026-11-29 (docs/retrieval.md, 'One pool, the "
+        "conversation first').",
+    )
     search_candidates: Literal["hybrid", "dense", "lexical"] = Field(
         default="hybrid",
         description="Candidate sources per scope: hybrid (dense + BM25), dense only, or "
@@ -279,7 +288,13 @@ class RetrievalSettings(EngramSettings):
     def _blank_is_unset(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip() == "" else value
 
-    @field_validator("search_candidates", "search_fusion", "embed_quantization", mode="before")
+    @field_validator(
+        "search_candidates",
+        "search_other_scopes_pool",
+        "search_fusion",
+        "embed_quantization",
+        mode="before",
+    )
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.strip().lower() if isinstance(value, str) else value
