@@ -145,3 +145,42 @@ async def test_the_bm25_baseline_ranks_each_turns_own_words(tmp_path: Path) -> N
     # the answer shares no word with the question: only the product's index finds it
     assert recall == {"default": 1.0, "bm25": 0.0}
     assert ingested.turns == 11
+
+
+async def test_questions_asked_from_another_conversation_recall_the_samples_own_turns(
+    tmp_path: Path,
+) -> None:
+    # --asked-from other: each sample's questions are asked inside the next sample's
+    # conversation, stored beside its own; the distractor's turns share the sample's
+    # dia_ids but are never counted as evidence.
+    own = tiny_locomo()[0]
+    other = json.loads(json.dumps(own))
+    other["sample_id"] = "s-2"
+    other["conversation"]["session_1"][-1]["text"] = "Bo's sister plays the cello."
+    other["conversation"]["session_2"] = [
+        {"speaker": "Bo", "dia_id": "D2:1", "text": "Did the cello recital go well?"},
+        {"speaker": "Ana", "dia_id": "D2:2", "text": "It was sold out, she played Elgar."},
+    ]
+    other["qa"] = [
+        {"question": "What does Bo's sister play?", "evidence": ["D1:9"], "category": 4},
+        {"question": "How did the cello recital go?", "evidence": ["D2:2"], "category": 4},
+    ]
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps([own, other]))
+    plan = BenchPlan(
+        samples=load_samples(path, []),
+        ks=(5,),
+        categories=(4,),
+        configs=[CONFIGS["default"]],
+        delivered=True,
+        budgets=(),
+        asked_from="other",
+    )
+    results, ingested = await run_locomo(plan)
+    delivered = results[0]["delivered"]
+    assert delivered["asked_from"] == "other"
+    # every sample's turns and its distractor's were stored; only its own are evidence
+    assert ingested.turns == 2 * (11 + 11) and len(ingested.turn_of_point) == 22
+    # Ana's cat is found from inside the cello conversation, the cello from Ana's
+    assert delivered["by_category"]["single-hop"]["questions"] == 4
+    assert delivered["hit"] == 1.0

@@ -170,19 +170,53 @@ def turn_memories(
     ]
 
 
+#: Where a delivered question is asked from (``--asked-from``): the sample's own
+#: conversation; a new, empty conversation of the same person (everything recalled
+#: comes from their other conversations); or inside another long conversation of
+#: theirs (the next sample's turns, stored beside the sample's own as a distractor).
+ASKED_FROM = ("own", "new", "other")
+
+
+def distractor_of(samples: Sequence[Sample], sample: Sample) -> Sample:
+    """The sample whose turns are the other conversation ``sample``'s questions are
+    asked from with ``--asked-from other``: the next one, cyclically."""
+    at = next(i for i, s in enumerate(samples) if s.sample_id == sample.sample_id)
+    return samples[(at + 1) % len(samples)]
+
+
 async def ingest(
-    memories: MemoryPort, samples: Sequence[Sample], batch: int, ingested: Ingested
+    memories: MemoryPort,
+    samples: Sequence[Sample],
+    batch: int,
+    ingested: Ingested,
+    *,
+    distractors: bool = False,
 ) -> None:
+    """Each sample's turns into its own tenant; ``distractors``: also the next sample's
+    turns, in their own conversation of the same tenant (not evidence: their ids are
+    left out of ``turn_of_point``)."""
     total = sum(len(s.turns) for s in samples)
+    if distractors:
+        total += sum(len(distractor_of(samples, s).turns) for s in samples)
     done = 0
     started = time.perf_counter()
     with ProgressBar("ingesting turns", total) as bar:
         for sample in samples:
             turns = turn_memories(sample)
+            other = (
+                turn_memories(distractor_of(samples, sample), tenant_of(sample))
+                if distractors
+                else []
+            )
             for offset in range(0, len(turns), batch):
                 chunk = turns[offset : offset + batch]
                 for stored in await memories.upsert(tenant_of(sample), chunk):
                     ingested.turn_of_point[stored.record.id] = stored.record.source_id
+                done += len(chunk)
+                bar.update(done)
+            for offset in range(0, len(other), batch):
+                chunk = other[offset : offset + batch]
+                await memories.upsert(tenant_of(sample), chunk)
                 done += len(chunk)
                 bar.update(done)
     ingested.turns = total
@@ -325,6 +359,16 @@ class BenchPlan:
     delivered: bool = False
     budgets: tuple[int, ...] = DEFAULT_BUDGETS
     limit: int = 0  # scored questions per sample (0: all), for quick iterations
+    asked_from: str = "own"  # ASKED_FROM: where the delivered pass asks its questions
+
+
+def _asking_conversation(plan: BenchPlan) -> Callable[[Sample], str]:
+    """The conversation (``memory_id``) a sample's delivered questions are asked from."""
+    if plan.asked_from == "new":
+        return lambda sample: f"{sample.sample_id}-new"
+    if plan.asked_from == "other":
+        return lambda sample: distractor_of(plan.samples, sample).sample_id
+    return lambda sample: sample.sample_id
 
 
 async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
@@ -341,7 +385,13 @@ async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
             sys.stderr.write(f"[{config.name}] starting engram-retrieval\n")
             async with RetrievalProcess(Path(tmp) / data_dir, extra_env=env) as memories:
                 if not ingested.turns:
-                    await ingest(memories, plan.samples, plan.batch, ingested)
+                    await ingest(
+                        memories,
+                        plan.samples,
+                        plan.batch,
+                        ingested,
+                        distractors=plan.delivered and plan.asked_from == "other",
+                    )
                 await check_stored(memories, plan.samples)
                 rows, latencies = await query_all(
                     memories, config, questions, plan.ks, ingested.turn_of_point
@@ -358,7 +408,9 @@ async def run_locomo(plan: BenchPlan) -> tuple[list[dict[str, Any]], Ingested]:
                         plan.budgets,
                         ingested.turn_of_point,
                         tenant_of,
+                        asked_from=_asking_conversation(plan),
                     )
+                    result["delivered"]["asked_from"] = plan.asked_from
             results.append(result)
     return results, next(iter(stores.values()))[1]
 
@@ -568,6 +620,13 @@ def _cmd_locomo(args: argparse.Namespace) -> int:
     plan.delivered = args.delivered
     plan.budgets = budgets
     plan.limit = args.limit
+    plan.asked_from = args.asked_from
+    if args.asked_from != "own" and not args.delivered:
+        print("engram bench locomo: --asked-from needs --delivered", file=sys.stderr)
+        return 2
+    if args.asked_from == "other" and len(samples) < 2:
+        print("engram bench locomo: --asked-from other needs two samples", file=sys.stderr)
+        return 2
     if not scored_questions(samples, categories):
         print("engram bench locomo: no question with usable evidence to score", file=sys.stderr)
         return 2
@@ -620,6 +679,14 @@ def add_locomo_parser(
         "--budgets",
         default=",".join(map(str, DEFAULT_BUDGETS)),
         help="token budgets of the delivered curve (0: top_k hits, no budget)",
+    )
+    bench.add_argument(
+        "--asked-from",
+        choices=ASKED_FROM,
+        default="own",
+        help="where the delivered pass asks a sample's questions: its own conversation, "
+        "a new one of the same person, or inside another long conversation of theirs "
+        "(the next sample's turns, stored beside it)",
     )
     bench.add_argument("--limit", type=int, default=0, help="scored questions per sample (0: all)")
     bench.add_argument("--out", default="bench-results/locomo", help="output directory")

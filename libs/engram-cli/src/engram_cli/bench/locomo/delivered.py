@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -62,10 +62,12 @@ def product_budget() -> int:
     return GatewaySettings().gateway_memory_max_tokens
 
 
-def controls_for(sample: Sample, budget: int | None) -> MemoryControls:
-    """The product's defaults for a chat in the sample's conversation; ``budget`` (None:
-    the product's) replaces the token budget."""
-    controls = MemoryControls(memory_id=sample.sample_id).with_defaults(GatewaySettings())
+def controls_for(sample: Sample, budget: int | None, memory_id: str = "") -> MemoryControls:
+    """The product's defaults for a chat in the sample's conversation (or ``memory_id``'s);
+    ``budget`` (None: the product's) replaces the token budget."""
+    controls = MemoryControls(memory_id=memory_id or sample.sample_id).with_defaults(
+        GatewaySettings()
+    )
     if budget is None:
         return controls
     return controls.model_copy(update={"memory_max_tokens": budget})
@@ -79,8 +81,9 @@ async def deliver_one(
     budget: int | None,
     turn_of_point: dict[str, str],
     tokenizer: Tokenizer,
+    memory_id: str = "",
 ) -> Delivered:
-    controls = controls_for(sample, budget)
+    controls = controls_for(sample, budget, memory_id)
     query = search_query(tenant=tenant, query=question.question, user_id="", controls=controls)
     query = replace(query, now=sample.last_session_at)
     messages = [{"role": "user", "content": question.question}]
@@ -136,9 +139,12 @@ async def delivered_pass(
     budgets: Sequence[int],
     turn_of_point: dict[str, str],
     tenant_of: Any,
+    *,
+    asked_from: Callable[[Sample], str] | None = None,
 ) -> dict[str, Any]:
     """``configs.<name>.delivered``: the product's budget's scores at the top level, by
-    category, and the curve over ``budgets``."""
+    category, and the curve over ``budgets``. ``asked_from``: the conversation a sample's
+    questions are asked from (default: the sample's own)."""
     tokenizer = minilm_tokenizer()
     default = product_budget()
     wanted = list(dict.fromkeys([default, *budgets]))
@@ -157,6 +163,7 @@ async def delivered_pass(
                         budget,
                         turn_of_point,
                         tokenizer,
+                        asked_from(sample) if asked_from else "",
                     )
                 )
                 bar.advance()
