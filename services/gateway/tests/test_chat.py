@@ -929,9 +929,10 @@ async def test_what_counts_as_a_client_task_is_the_operators_choice(
 async def test_a_chat_reports_where_the_gateway_spent_its_time(
     client: httpx2.AsyncClient, scripted_upstream: Any, memory_store: InMemoryPort
 ) -> None:
-    """``Server-Timing`` (what ``engram bench overhead`` and browsers' tools read): recall,
-    everything before the upstream call, the upstream call and recording the user turn,
-    each in ms; a chat without memory has no recall or record step."""
+    """``Server-Timing`` (what ``engram bench overhead`` and browsers' tools read): recall
+    (and retrieval's own time for the search, when reported), everything before the
+    upstream call, the upstream call and recording the user turn, each in ms; a chat
+    without memory has no recall or record step."""
     from engram_cli.bench.load import parse_server_timing
 
     memory_store.scripted_search = SearchResult(outcome="nothing_relevant")
@@ -940,6 +941,12 @@ async def test_a_chat_reports_where_the_gateway_spent_its_time(
     assert set(timings) == {"recall", "pre-upstream", "upstream", "record"}
     assert all(ms >= 0 for ms in timings.values())
     assert timings["pre-upstream"] >= timings["recall"]  # recall happens before the call
+
+    # retrieval's own time for the search, when it reports one, is part of recall's
+    memory_store.scripted_search = SearchResult(outcome="nothing_relevant", search_ms=3.25)
+    reported = await client.post(CHAT, json=chat_body())
+    timings = parse_server_timing(reported.headers["server-timing"])
+    assert timings["search"] == 3.25 and timings["recall"] >= 0
 
     bypassed = await client.post(CHAT, json=chat_body(memory=False))
     assert set(parse_server_timing(bypassed.headers["server-timing"])) == {

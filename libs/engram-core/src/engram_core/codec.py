@@ -390,4 +390,5 @@ def result_from_pb(reply: pb.SearchResponse) -> SearchResult:
         summary=record_from_pb(summary) if summary is not None else None,
         profile=[record_from_pb(m) for m in reply.profile],
         candidates_considered=int(reply.candidates_considered),
+        search_ms=reply.timings.total_ms,
     )

@@ -211,6 +211,8 @@ class SearchResult:
     summary: MemoryRecord | None = None  # the conversation's rolling summary
     profile: list[MemoryRecord] = field(default_factory=list)  # the user's active entries
     candidates_considered: int = 0
+    #: the retrieval service's own time for the search, ms (0: not reported)
+    search_ms: float = 0.0
 
 
 @dataclass(frozen=True)

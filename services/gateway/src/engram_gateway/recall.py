@@ -63,6 +63,9 @@ class Recall:
     tokens: int = 0  # the memory message's estimated size (token_budget.estimate_tokens)
     # what retrieval answered (before the window and the budget), for benchmarks
     outcome: str = ""
+    #: the retrieval service's own time for the search, ms (the rest of a recall is the
+    #: gRPC round trip and the gateway's rendering)
+    search_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -200,9 +203,11 @@ async def recall(
     hits = [hit_json(hit, small_store=outcome == "small_store") for hit in result.hits]
     text = render_memory(result, now=today, in_window=dropped)
     if text is None:
-        return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome)
+        return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome, search_ms=result.search_ms)
     message = {"role": "system", "content": text}
-    return Recall(MemoryStatus.USED, message, hits, estimate_tokens(text), outcome)
+    return Recall(
+        MemoryStatus.USED, message, hits, estimate_tokens(text), outcome, result.search_ms
+    )
 
 
 def within_budget(

@@ -1,7 +1,8 @@
 """The gateway's own timings of a chat, sent back as a ``Server-Timing`` header.
 
 ``RequestIdMiddleware`` (the outermost) stamps when the request reached the gateway;
-the chat route adds how long recall took, the time from arrival until the request was
+the chat route adds how long recall took (and, as ``search``, how much of it was the
+retrieval service's own time for the search), the time from arrival until the request was
 handed to the upstream (``pre-upstream``: everything the gateway adds before the model
 starts), the upstream call until its response headers, and recording the user turn.
 ``engram bench overhead`` reads them; browsers' developer tools show them too.
@@ -44,6 +45,10 @@ class ServerTiming:
             yield
         finally:
             self.durations[name] = time.perf_counter() - begun
+
+    def add(self, name: str, seconds: float) -> None:
+        """A duration measured elsewhere (retrieval's own time for the search)."""
+        self.durations[name] = seconds
 
     def since_arrival(self, name: str) -> None:
         self.durations[name] = time.perf_counter() - self.started

@@ -348,6 +348,8 @@ async def _recall(
     # dropped.
     with timing.measure("recall"):
         memory = await recall(state.memories, search, messages=prepared.turn.window)
+    if memory.search_ms:
+        timing.add("search", memory.search_ms / 1e3)
     if memory.system_message is not None:
         prepared.body = api.inject(prepared.body, prepared.turn, memory.system_message["content"])
     return memory

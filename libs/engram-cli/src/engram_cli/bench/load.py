@@ -326,7 +326,7 @@ def latency_summary(samples: list[ChatSample]) -> dict[str, Any]:
         "failed": len(samples) - len(ok),
         "latency_ms": percentiles([s.latency_ms for s in ok]) if ok else {},
     }
-    for name in ("pre-upstream", "recall", "upstream", "record"):
+    for name in ("pre-upstream", "recall", "search", "upstream", "record"):
         values = [s.timings[name] for s in ok if name in s.timings]
         if values:
             summary[f"{name}_ms"] = percentiles(values)

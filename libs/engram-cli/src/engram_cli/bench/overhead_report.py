@@ -147,6 +147,7 @@ def _latency_table(results: dict[str, Any]) -> None:
                 _p(pre, "p95"),
                 _p(pre, "p99"),
                 _p(phase.get("recall_ms", {}), "p50"),
+                _p(phase.get("search_ms", {}), "p50"),
                 _p(phase.get("record_ms", {}), "p50"),
                 phase["load_avg_1m"],
             ]
@@ -163,6 +164,7 @@ def _latency_table(results: dict[str, Any]) -> None:
             "p95",
             "p99",
             "recall p50",
+            "of which search",
             "record p50",
             "load",
         ],
