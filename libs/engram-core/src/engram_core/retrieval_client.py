@@ -119,12 +119,27 @@ class HealthStub(Protocol):
     ]
 
 
+#: gRPC metadata of a call someone is waiting for (the gateway's): retrieval serves it
+#: before the workers' calls (engram_retrieval.priority).
+INTERACTIVE_METADATA = ("engram-priority", "interactive")
+
+
 class RetrievalClient:
+    #: whether this client's calls are marked INTERACTIVE_METADATA
+    interactive: bool = False
+
     def __init__(
-        self, address: str, *, timeout_s: float = 10.0, keepalive_s: float = DEFAULT_KEEPALIVE_S
+        self,
+        address: str,
+        *,
+        timeout_s: float = 10.0,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+        interactive: bool = False,
     ) -> None:
+        """``interactive``: a person waits for this client's calls (the gateway's)."""
         self.address = address
         self.timeout_s = timeout_s
+        self.interactive = interactive
         self._channel = grpc.aio.insecure_channel(address, options=channel_options(keepalive_s))
         self.stub: MemoryStub = pb_grpc.MemoryServiceStub(self._channel)
         # types-grpcio-health-checking declares HealthStub without its methods.
@@ -138,6 +153,8 @@ class RetrievalClient:
         timeout_s: float,
     ) -> Rep:
         with client_call(SERVICE_NAME, method) as metadata:
+            if self.interactive:
+                metadata = (*metadata, INTERACTIVE_METADATA)
             return await call(request, timeout=timeout_s, metadata=metadata)
 
     async def search(self, request: pb.SearchRequest) -> pb.SearchResponse:

@@ -79,6 +79,7 @@ async def retrieval_port(settings: GatewaySettings) -> AsyncIterator[MemoryPort]
         settings.retrieval_address,
         timeout_s=settings.gateway_retrieval_timeout_s,
         keepalive_s=settings.grpc_keepalive_s,
+        interactive=True,  # a person waits for each call: retrieval serves them first
     )
     try:
         yield MemoryPort(client)

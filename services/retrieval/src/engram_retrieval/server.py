@@ -195,6 +195,7 @@ async def build_server(
             embedder,
             pipeline,
             previous_turn_weight=settings.index_previous_turn_weight,
+            background_wait_s=settings.retrieval_background_wait_ms / 1e3,
         )
         server = grpc.aio.server(
             options=[

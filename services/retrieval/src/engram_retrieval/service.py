@@ -33,6 +33,7 @@ from engram_retrieval.embedder import SentenceEncoder
 from engram_retrieval.payload import format_ts, parse_ts, record_from_payload
 from engram_retrieval.pipeline import RequestError as InvalidRequest
 from engram_retrieval.pipeline import SearchPipeline
+from engram_retrieval.priority import InteractiveFirst, is_interactive
 from engram_retrieval.remote_embedder import EmbedderRequestError, EmbedderUnavailable
 from engram_retrieval.store import (
     ForeignIdError,
@@ -47,6 +48,9 @@ from engram_retrieval.writes import DEFAULT_PREVIOUS_TURN_WEIGHT, MemoryWriter, 
 log = get_logger(__name__)
 
 R = TypeVar("R")
+
+#: How long another call waits for the interactive ones in flight (engram_retrieval.priority)
+DEFAULT_BACKGROUND_WAIT_S = 0.02
 
 
 class RequestError(InvalidRequest):
@@ -74,7 +78,17 @@ def _rpc(
     @functools.wraps(fn)
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         method = fn.__name__
-        with served_call(SERVICE_NAME, method, context.invocation_metadata()) as call:
+        metadata = context.invocation_metadata()
+        if is_interactive(metadata):
+            async with self.priority.interactive():
+                return await served(self, method, metadata, request, context)
+        await self.priority.background()
+        return await served(self, method, metadata, request, context)
+
+    async def served(
+        self: Any, method: str, metadata: Any, request: Any, context: grpc.aio.ServicerContext
+    ) -> R:
+        with served_call(SERVICE_NAME, method, metadata) as call:
 
             async def abort(code: grpc.StatusCode, details: str) -> None:
                 call.failed(code, details)
@@ -165,8 +179,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         pipeline: SearchPipeline,
         *,
         previous_turn_weight: float = DEFAULT_PREVIOUS_TURN_WEIGHT,
+        background_wait_s: float = DEFAULT_BACKGROUND_WAIT_S,
     ) -> None:
         self.store = store
+        self.priority = InteractiveFirst(background_wait_s)
         self.embedder = embedder
         self.pipeline = pipeline
         self.writer = MemoryWriter(

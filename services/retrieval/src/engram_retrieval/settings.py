@@ -226,6 +226,14 @@ class RetrievalSettings(EngramSettings):
         description="Facts returned for a question about memory itself ('what do you know "
         "about me?') when the request sets no top_k.",
     )
+    retrieval_background_wait_ms: float = Field(
+        default=20.0,
+        ge=0.0,
+        le=10_000.0,
+        description="While a call someone waits for is in flight (the gateway marks its "
+        "calls interactive), the workers' calls wait at most this long before they start; "
+        "0: calls are served in arrival order (docs/retrieval.md, 'Chats first').",
+    )
     search_other_scopes_pool: Literal["remainder", "full"] = Field(
         default="remainder",
         description="How many candidates per source the wider scopes (the user's other "

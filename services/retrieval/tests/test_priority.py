@@ -1,0 +1,77 @@
+"""Calls someone waits for go first (engram_retrieval.priority): while the gateway's
+Search is in flight, a worker's call waits before it starts (at most the configured
+wait); with no interactive call in flight nothing waits."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from engram_core.codec import pb
+from engram_core.memory import SearchQuery
+from engram_core.retrieval_client import RetrievalClient
+from engram_retrieval.pipeline import Ranked
+from engram_retrieval.priority import InteractiveFirst
+from engram_testing.worker_stack import running_retrieval
+
+SEARCH = pb.SearchRequest(tenant="acme", query="what pets do I have?", user_id="u1")
+COUNT = pb.CountRequest(tenant="acme")
+
+
+async def test_a_background_call_waits_for_the_interactive_ones_then_goes() -> None:
+    gate = InteractiveFirst(max_wait_s=5.0)
+    await asyncio.wait_for(gate.background(), 0.1)  # nothing in flight: no wait
+    async with gate.interactive():
+        waiting = asyncio.create_task(gate.background())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+    await asyncio.wait_for(waiting, 0.1)  # released when the last interactive call ends
+    assert gate.waited == 1
+
+
+async def test_a_background_call_waits_no_longer_than_the_bound() -> None:
+    gate = InteractiveFirst(max_wait_s=0.05)
+    async with gate.interactive():
+        await asyncio.wait_for(gate.background(), 1.0)  # the write path is never stopped
+    assert InteractiveFirst(max_wait_s=0).in_flight == 0
+
+
+async def test_the_gateways_search_holds_back_a_workers_call_until_it_is_answered(
+    tmp_path: Path,
+) -> None:
+    async with running_retrieval(tmp_path / "data", retrieval_background_wait_ms=5000) as ret:
+        release = asyncio.Event()
+        searching = asyncio.Event()
+        pipeline = ret.server.servicer.pipeline
+        real_run = pipeline.run
+
+        async def slow_run(query: SearchQuery) -> Ranked:
+            searching.set()
+            await release.wait()
+            return await real_run(query)
+
+        pipeline.run = slow_run  # type: ignore[method-assign]
+        gateway = RetrievalClient(ret.server.address, timeout_s=30, interactive=True)
+        try:
+            # a worker's Search (not interactive) does not hold anything back
+            worker_search = asyncio.create_task(ret.client.search(SEARCH))
+            await searching.wait()
+            await asyncio.wait_for(ret.client.count(COUNT), 2.0)
+            release.set()
+            await worker_search
+
+            release.clear()
+            searching.clear()
+            chat: asyncio.Task[Any] = asyncio.create_task(gateway.search(SEARCH))
+            await searching.wait()
+            count = asyncio.create_task(ret.client.count(COUNT))
+            await asyncio.sleep(0.3)
+            assert not count.done()  # waits for the chat's Search...
+            release.set()
+            await chat
+            assert (await asyncio.wait_for(count, 2.0)).count == 0  # ...then is answered
+            assert ret.server.servicer.priority.waited == 1
+        finally:
+            release.set()
+            await gateway.close()
