@@ -33,8 +33,16 @@ async def test_a_background_call_waits_for_the_interactive_ones_then_goes() -> N
 async def test_a_background_call_waits_no_longer_than_the_bound() -> None:
     gate = InteractiveFirst(max_wait_s=0.05)
     async with gate.interactive():
-        await asyncio.wait_for(gate.background(), 1.0)  # the write path is never stopped
-    assert InteractiveFirst(max_wait_s=0).in_flight == 0
+        waiting = asyncio.create_task(gate.background())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # it does wait...
+        await asyncio.wait_for(waiting, 1.0)  # ...but the write path is never stopped
+        assert gate.in_flight == 1
+    # a wait of 0 serves calls in arrival order: nothing waits
+    arrival_order = InteractiveFirst(max_wait_s=0)
+    async with arrival_order.interactive():
+        await asyncio.wait_for(arrival_order.background(), 0.01)
+    assert arrival_order.waited == 0
 
 
 async def test_the_gateways_search_holds_back_a_workers_call_until_it_is_answered(

@@ -206,7 +206,12 @@ async def recall(
         return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome, search_ms=result.search_ms)
     message = {"role": "system", "content": text}
     return Recall(
-        MemoryStatus.USED, message, hits, estimate_tokens(text), outcome, result.search_ms
+        MemoryStatus.USED,
+        message,
+        hits,
+        estimate_tokens(text),
+        outcome,
+        search_ms=result.search_ms,
     )
 
 

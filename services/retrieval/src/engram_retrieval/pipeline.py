@@ -200,7 +200,7 @@ class SearchPipeline:
         category_expansion: bool = False,
         personal_score_threshold: float | None = None,
         overview_limit: int = 20,
-        other_scopes_pool: str = "remainder",
+        other_scopes_pool: Literal["remainder", "full"] = "remainder",
         tracer: trace.Tracer | None = None,
         clock: Callable[[], datetime] | None = None,
         encoder: EncodeQueue | None = None,

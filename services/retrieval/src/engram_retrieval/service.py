@@ -49,9 +49,6 @@ log = get_logger(__name__)
 
 R = TypeVar("R")
 
-#: How long another call waits for the interactive ones in flight (engram_retrieval.priority)
-DEFAULT_BACKGROUND_WAIT_S = 0.02
-
 
 class RequestError(InvalidRequest):
     """A request the caller must fix, with the status code to report; never retried."""
@@ -179,8 +176,10 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         pipeline: SearchPipeline,
         *,
         previous_turn_weight: float = DEFAULT_PREVIOUS_TURN_WEIGHT,
-        background_wait_s: float = DEFAULT_BACKGROUND_WAIT_S,
+        background_wait_s: float = 0.0,
     ) -> None:
+        """``background_wait_s``: how long a call waits for the interactive ones in
+        flight before it starts (ENGRAM_RETRIEVAL_BACKGROUND_WAIT_MS; 0: arrival order)."""
         self.store = store
         self.priority = InteractiveFirst(background_wait_s)
         self.embedder = embedder
