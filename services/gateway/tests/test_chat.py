@@ -953,3 +953,26 @@ async def test_a_chat_reports_where_the_gateway_spent_its_time(
         "pre-upstream",
         "upstream",
     }
+
+
+async def test_a_chat_never_waits_for_a_thread_of_the_pool(
+    client: httpx2.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FastAPI runs a plain ``def`` route or dependency in its thread pool: a hop there
+    and back for every chat, which under load waits for a thread to be scheduled and
+    for the GIL. Every chat route and what it depends on is ``async def``."""
+    import anyio.to_thread
+
+    hops: list[Any] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(func)
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    chat = {"model": "m", "user": "alice", "messages": [{"role": "user", "content": "Hi!"}]}
+    for body in (chat, {**chat, "stream": True}, {**chat, "memory": False}):
+        response = await client.post(CHAT, json=body)
+        assert response.status_code == 200, response.text
+    assert hops == []

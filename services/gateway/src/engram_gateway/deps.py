@@ -1,5 +1,9 @@
 """What a route may ask FastAPI for, as ``Annotated`` aliases: ``state: AppState`` and
-``tenant: Tenant`` instead of the same two calls at the top of every route."""
+``tenant: Tenant`` instead of the same two calls at the top of every route.
+
+Every dependency is ``async def``: FastAPI runs a plain ``def`` one in its thread pool,
+a thread hop per dependency per request (a fifth of a chat's CPU in the gateway with
+memory off, by a py-spy profile), for functions that only read the request."""
 
 from __future__ import annotations
 

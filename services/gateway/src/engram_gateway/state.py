@@ -41,7 +41,7 @@ class GatewayState:
         return self.bus.statuses
 
 
-def gateway_state(request: Request) -> GatewayState:
+async def gateway_state(request: Request) -> GatewayState:
     state: GatewayState = request.app.state.gateway
     return state
 

@@ -80,7 +80,7 @@ async def warn_of_unreachable_default_tenant(
     return -1
 
 
-def resolve_tenant(request: Request) -> str:
+async def resolve_tenant(request: Request) -> str:
     tenant = request.scope.get("state", {}).get(_TENANT)
     if not isinstance(tenant, str):
         # Only the probes skip the middleware, and they never ask.
@@ -93,7 +93,7 @@ def is_admin(request: Request) -> bool:
     return request.scope.get("state", {}).get(_ADMIN) is True
 
 
-def require_admin(request: Request) -> None:
+async def require_admin(request: Request) -> None:
     """403 (OpenAI-shaped) unless the request's key is an admin key."""
     if not is_admin(request):
         raise GatewayError(
