@@ -1,5 +1,6 @@
-"""The encode queue: concurrent requests share model runs, searches go first, recent
-texts come from the cache, and every caller gets exactly the vectors of its texts."""
+"""The encode queue: concurrent requests share model runs, searches go first (on the
+event loop itself when the embedder allows it), recent texts come from the cache, and
+every caller gets exactly the vectors of its texts."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ class GatedEmbedder:
     (every run, or only the runs with a text in ``held``), recording what each run
     embedded."""
 
-    def __init__(self, embedder: Embedder) -> None:
+    def __init__(self, embedder: Embedder, *, runs_inline: bool = False) -> None:
         self.embedder = embedder
         self.model_id = embedder.model_id
         self.dim = embedder.dim
+        self.runs_inline = runs_inline
         self.runs: list[list[str]] = []
+        self.threads: list[int] = []  # the thread each run ran on
         self.gate = threading.Event()
         self.gate.set()
         self.held: set[str] | None = None  # None: every run waits at the gate
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         self.runs.append(list(texts))
+        self.threads.append(threading.get_ident())
         if self.held is None or self.held & set(texts):
             self.gate.wait(timeout=30)
         return self.embedder.encode(texts)
@@ -124,3 +128,43 @@ async def test_a_failed_run_fails_its_callers_and_the_next_run_works(
         await queue.encode(["poison"])
     (fine,) = await queue.encode(["fine"])
     assert fine.dense.shape == (embedder.dim,)
+
+
+async def test_a_search_is_embedded_on_the_loop_when_the_embedder_runs_inline(
+    embedder: Embedder,
+) -> None:
+    """No hop to a thread for the text someone waits for; index writes still run off
+    the loop (they batch, and nobody waits for them)."""
+    inline = GatedEmbedder(embedder, runs_inline=True)
+    queue = EncodeQueue(inline)
+    (found,) = await queue.encode(["what pets do I have?"], urgent=True)
+    await queue.encode(["User has a cat named Miso."])
+
+    loop_thread = threading.get_ident()
+    assert inline.threads[0] == loop_thread
+    assert inline.threads[1] != loop_thread
+    assert np.allclose(found.dense, embedder.encode_one("what pets do I have?").dense, atol=1e-5)
+    (again,) = await queue.encode(["what pets do I have?"], urgent=True)
+    assert again is found  # cached like any other run
+    assert queue.stats.runs == 2
+
+
+@pytest.mark.parametrize("allowed", [False, True], ids=["embedder-does-io", "setting-off"])
+async def test_a_search_runs_in_a_thread_unless_both_embedder_and_setting_allow_it(
+    embedder: Embedder, allowed: bool
+) -> None:
+    """A remote embedder (runs_inline False) never blocks the loop on the network;
+    ENGRAM_EMBED_INLINE_SEARCHES=false keeps every run in a thread."""
+    gated = GatedEmbedder(embedder, runs_inline=allowed)
+    queue = EncodeQueue(gated, inline_searches=not allowed)
+    await queue.encode(["what pets do I have?"], urgent=True)
+    assert gated.threads == [gated.threads[0]]
+    assert gated.threads[0] != threading.get_ident()
+
+
+def test_only_the_quantized_embedder_runs_inline(embedder: Embedder) -> None:
+    """One text a run (dynamic-int8, the default) is what makes the loop the cheaper
+    place; the packaged graph batches concurrent searches in one run instead."""
+    assert embedder.batch_size == 1 and embedder.runs_inline
+    packaged = Embedder.default(threads=1, quantization="none")
+    assert packaged.batch_size > 1 and not packaged.runs_inline

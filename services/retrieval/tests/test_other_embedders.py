@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -233,8 +234,10 @@ async def test_search_through_the_remote_embedder_and_unavailable_when_it_is_dow
 ) -> None:
     settings = RetrievalSettings(data_dir=tmp_path, retrieval_listen="127.0.0.1:0")
     up = True
+    relayed_on: list[int] = []  # the thread of each HTTP call: never the event loop's
 
     def relay(request: httpx2.Request) -> httpx2.Response:
+        relayed_on.append(threading.get_ident())
         if not up:
             raise httpx2.ConnectError("connection refused", request=request)
         with httpx2.Client() as client:
@@ -259,8 +262,10 @@ async def test_search_through_the_remote_embedder_and_unavailable_when_it_is_dow
         query = pb.SearchRequest(
             tenant="acme", user_id="u1", conversation_id="c1", query="Where do I live?"
         )
+        relayed_on.clear()
         found = await client.search(query)
         assert found.hits[0].memory.text == "I moved to Lisbon last year."
+        assert relayed_on and threading.get_ident() not in relayed_on
         up = False
         query.query = "What is my dog called?"
         with pytest.raises(grpc.aio.AioRpcError) as caught:

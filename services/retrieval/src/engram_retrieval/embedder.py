@@ -70,6 +70,10 @@ class SentenceEncoder(Protocol):
     #: Stored in every point's ``embedding_model``: a change is what `engram reembed` mends.
     model_id: str
     dim: int
+    #: One text's run is short in-process CPU work that releases the GIL while the model
+    #: multiplies, so a search may embed on the event loop (encode_queue.py); never for
+    #: an embedder that does network I/O.
+    runs_inline: bool
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -331,6 +335,8 @@ class Embedder:
             self.model_id = files.model_id
             self.batch_size = batch_size
             model = files.model
+        # One text a run (the quantized model): nothing to batch across searches.
+        self.runs_inline = self.batch_size == 1
         self._session = create_session(model, threads=threads)
         self._input_names = {i.name for i in self._session.get_inputs()}
         missing = {"input_ids", "attention_mask"} - self._input_names

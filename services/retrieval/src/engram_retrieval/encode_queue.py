@@ -13,6 +13,16 @@ queues behind a batch of writes.
 
 Texts seen recently (reconcile searches for a fact's text and then stores the same
 text; a retried Upsert) are answered from a small LRU cache of their vectors.
+
+A search's text is embedded on the event loop itself when the embedder says a run is
+short in-process work (``runs_inline``: the quantized default, one text a run): under
+load the hop to a thread and back cost the search more than the run. Whatever else the
+loop serves holds the GIL, and the model's thread needs it again for the tokenizer and
+the pooling, a switch interval (5 ms) at a time (docs/retrieval.md, "A search's
+embedding runs inline", has the measurement). The model releases the GIL while it
+multiplies, so the writes' run in its thread goes on meanwhile; a remote embedder
+(network I/O) and the packaged graph (which batches concurrent searches) keep the
+search lane.
 """
 
 from __future__ import annotations
@@ -61,9 +71,13 @@ class EncodeQueue:
         *,
         cache_texts: int = CACHE_TEXTS,
         max_run: int = MAX_RUN_TEXTS,
+        inline_searches: bool = True,
     ) -> None:
+        """``inline_searches``: embed an urgent request on the loop when the embedder
+        allows it (``runs_inline``); False keeps every run in a thread."""
         self.embedder = embedder
         self.max_run = max_run
+        self.inline_searches = inline_searches and bool(getattr(embedder, "runs_inline", False))
         self.stats = EncodeStats()
         self._cache: LruCache[str, Encoded] = LruCache(cache_texts)
         self._searches = _Lane()
@@ -80,7 +94,11 @@ class EncodeQueue:
         missing = list(dict.fromkeys(t for t, e in zip(texts, found, strict=True) if e is None))
         self.stats.cached += len(texts) - len(missing)
         if missing:
-            encoded = dict(zip(missing, await self._queued(missing, urgent), strict=True))
+            if urgent and self.inline_searches:
+                vectors = self._recorded(missing, self.embedder.encode(missing))
+            else:
+                vectors = await self._queued(missing, urgent)
+            encoded = dict(zip(missing, vectors, strict=True))
             found = [e if e is not None else encoded[t] for t, e in zip(texts, found, strict=True)]
         return [e for e in found if e is not None]
 
@@ -112,17 +130,21 @@ class EncodeQueue:
             if not texts:
                 continue
             try:
-                encoded = await asyncio.to_thread(self.embedder.encode, texts)
+                run = await asyncio.to_thread(self.embedder.encode, texts)
             except Exception as exc:
                 for request in requests:
                     if not request.done.done():
                         request.done.set_exception(exc)
                 continue
-            self.stats.runs += 1
-            self.stats.texts += len(texts)
-            by_text = dict(zip(texts, encoded, strict=True))
-            for text, vectors in by_text.items():
-                self._cache.put(text, vectors)
+            by_text = dict(zip(texts, self._recorded(texts, run), strict=True))
             for request in requests:
                 if not request.done.done():
                     request.done.set_result([by_text[t] for t in request.texts])
+
+    def _recorded(self, texts: list[str], encoded: list[Encoded]) -> list[Encoded]:
+        """A model run's vectors, counted and cached (on the loop)."""
+        self.stats.runs += 1
+        self.stats.texts += len(texts)
+        for text, vectors in zip(texts, encoded, strict=True):
+            self._cache.put(text, vectors)
+        return encoded

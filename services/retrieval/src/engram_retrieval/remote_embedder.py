@@ -71,6 +71,7 @@ class RemoteEmbedder:
         self.model = model
         self.retry_s = retry_s
         self.batch_size = batch_size
+        self.runs_inline = False  # network I/O: never on the event loop
         self.dim = 0
         self.dim = int(self.embed(["dimension probe"]).shape[1])
         self._token_model = token_model if token_model and token_model.dim == self.dim else None

@@ -188,7 +188,11 @@ async def build_server(
             other_scopes_pool=settings.search_other_scopes_pool,
             tracer=tracer,
             clock=clock,
-            encoder=EncodeQueue(embedder, cache_texts=settings.embed_cache_texts),
+            encoder=EncodeQueue(
+                embedder,
+                cache_texts=settings.embed_cache_texts,
+                inline_searches=settings.embed_inline_searches,
+            ),
         )
         servicer = MemoryServicer(
             store,

@@ -123,6 +123,14 @@ class RetrievalSettings(EngramSettings):
         "embedded again soon (reconcile searches for a fact and then stores it; a retried "
         "Upsert; a repeated question) costs no model run; 0: none.",
     )
+    embed_inline_searches: bool = Field(
+        default=True,
+        description="A search's text is embedded on the event loop when the embedder "
+        "runs one text at a time in process (the quantized default): no hop to a thread, "
+        "whose way back waits for the GIL behind whatever else the service runs; false: "
+        "every model run in a thread. A remote embedder and the packaged graph always "
+        "run in a thread.",
+    )
     embed_max_length: int = Field(default=256, ge=8, le=512)
     embed_model_path: Path | None = Field(
         default=None,
