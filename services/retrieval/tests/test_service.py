@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from engram_core import rpc_tracing
 from engram_core.codec import pb, to_timestamp
 from engram_core.lifecycle import summary_memory_id
+from engram_core.memory import SearchQuery
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import sigmoid
@@ -881,3 +883,60 @@ async def test_a_summary_is_stored_without_a_model_run_and_still_attached(
     )
     assert result.summary.text == summary.text
     assert all(hit.memory.kind != pb.MEMORY_KIND_SUMMARY for hit in result.hits)
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "in-a-thread"])
+async def test_a_search_runs_through_without_giving_the_loop_away(
+    server: RunningServer, client: RetrievalClient, inline: bool
+) -> None:
+    """With the query embedded on the loop and the embedded store's reads inline, a
+    Search (its summary and profile too) never yields: no worker's call can run in
+    between and delay the person waiting. Embedded in a thread, it yields while the
+    model runs."""
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                *(fact(t) for t in FACTS),
+                pb.Memory(
+                    id=summary_memory_id("acme", "u1", "c1"),
+                    kind=pb.MEMORY_KIND_SUMMARY,
+                    user_id="u1",
+                    conversation_id="c1",
+                    text="Pets and travel.",
+                ),
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_PROFILE,
+                    user_id="u1",
+                    profile=pb.ProfileEntry(category="identity", key="name", value="Sam"),
+                ),
+            ],
+        )
+    )
+    pipeline = server.servicer.pipeline
+    pipeline.encoder.inline_searches = pipeline.runs_through = inline
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    try:
+        for n in range(3):  # new texts: never answered from the vector cache
+            before = ticks
+            ranked = await pipeline.run(
+                SearchQuery(
+                    tenant="acme",
+                    text=f"What is my dog called? ({n})",
+                    user_id="u1",
+                    conversation_id="c1",
+                )
+            )
+            assert ranked.hits and ranked.summary is not None and ranked.profile
+            assert (ticks == before) is inline
+    finally:
+        ticker.cancel()

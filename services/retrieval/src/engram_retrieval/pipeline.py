@@ -228,6 +228,11 @@ class SearchPipeline:
         self.other_scopes_pool = other_scopes_pool
         # Only a scorer that reads MaxSim gets it; a cross-encoder reads the texts.
         self.late_interaction = getattr(scorer, "late_weight", 0.0) > 0.0
+        # The query embedded on the loop and the store read inline: nothing would run
+        # beside the attachments' reads, so they are read in turn, and a Search runs
+        # from its first line to its reply without giving the loop away (a task or a
+        # gather would let the workers' calls in between; encode_queue.py).
+        self.runs_through = self.encoder.inline_searches and store.reads_inline
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
         self.clock = clock or (lambda: datetime.now(UTC))
 
@@ -293,7 +298,12 @@ class SearchPipeline:
         params = self.params(query)
         scopes = self.scopes(query)
         now = query.now or self.clock()
-        attached = asyncio.ensure_future(self._attachments(query))
+        attached: asyncio.Future[tuple[StoredPoint | None, list[StoredPoint]]]
+        if self.runs_through:
+            attached = asyncio.get_running_loop().create_future()
+            attached.set_result(await self._attachments(query))
+        else:
+            attached = asyncio.ensure_future(self._attachments(query))
         try:
             if not query.kinds and asks_for_overview(query.text):
                 overview = await self._overview(query, scopes, params, now)
@@ -465,6 +475,8 @@ class SearchPipeline:
     ) -> tuple[StoredPoint | None, list[StoredPoint]]:
         if not query.attachments:
             return None, []
+        if self.runs_through:
+            return await self._summary(query), await self._profile(query)
         summary, profile = await asyncio.gather(self._summary(query), self._profile(query))
         return summary, profile
 

@@ -200,6 +200,9 @@ class MemoryStore(Protocol):
     # False for a collection created before token vectors were stored: search then
     # ranks without late interaction until the index is rebuilt (docs/retrieval.md).
     late_interaction: bool
+    #: Reads run on the caller's thread and never wait on I/O (the embedded shard): two
+    #: of them gain nothing from being awaited together. False for a server.
+    reads_inline: bool
 
     async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
         """Insert or replace the tenant's points (each with payload and vector).

@@ -152,6 +152,7 @@ class EdgeStore:
         self._shard = shard
         self.vectors = DenseVectorCache(vector_cache)
         self.late_interaction = late_interaction
+        self.reads_inline = True
         self._executor = executor
         self.dim = dim
         self._closed = False

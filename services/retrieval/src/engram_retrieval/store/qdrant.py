@@ -93,6 +93,7 @@ class QdrantStore:
         self.collection = collection
         self.dim = dim
         self.late_interaction = late_interaction
+        self.reads_inline = False
 
     @classmethod
     async def open(
