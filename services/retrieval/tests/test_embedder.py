@@ -30,6 +30,24 @@ TEXTS = [
     "a much longer sentence, with punctuation and several words, that is padded less",
 ]
 
+# Each question is about the memory at its own index.
+QUESTIONS = [
+    "What is my dog's name?",
+    "Where do I live?",
+    "what food am I allergic to",
+    "Which instrument do I play?",
+    "When is my sister's birthday?",
+    "What car do I drive?",
+]
+MEMORIES = [
+    "My dog is called Biscuit.",
+    "I moved to Lisbon last year.",
+    "I have a severe peanut allergy.",
+    "I have played the cello since I was eight.",
+    "My sister Anna was born on March 3rd.",
+    "The user drives a blue Toyota Corolla.",
+]
+
 
 @pytest.fixture(scope="module")
 def packaged_embedder() -> Embedder:
@@ -65,11 +83,18 @@ def test_quantized_vectors_stay_close_to_the_packaged_graphs(
     assert packaged_embedder.model_id == MODEL_ID  # a store notices the change (reembed)
     quantized, packaged = embedder.embed(TEXTS), packaged_embedder.embed(TEXTS)
     assert np.sum(quantized * packaged, axis=1) == pytest.approx([1.0] * len(TEXTS), abs=0.02)
-    # and they rank alike: each text's nearest other text is the same in both
-    quantized_nearest, packaged_nearest = (
-        np.argsort(-(v @ v.T), axis=1)[:, 1] for v in (quantized, packaged)
+    # and they rank alike: each question finds the same memory first in both. (Not the
+    # nearest of TEXTS to each other: unrelated texts sit 0.2 apart, so their order is a
+    # coin toss that the integer kernels of one CPU and another decide differently; on
+    # a CPU without VNNI one such pair came out tied.)
+    asked, held = embedder.embed(QUESTIONS), embedder.embed(MEMORIES)
+    asked_packaged, held_packaged = (
+        packaged_embedder.embed(QUESTIONS),
+        packaged_embedder.embed(MEMORIES),
     )
-    np.testing.assert_array_equal(quantized_nearest, packaged_nearest)
+    found = np.argmax(asked @ held.T, axis=1)
+    np.testing.assert_array_equal(found, np.argmax(asked_packaged @ held_packaged.T, axis=1))
+    np.testing.assert_array_equal(found, np.arange(len(QUESTIONS)))
 
 
 def test_a_text_gets_the_same_vector_alone_or_in_any_batch(embedder: Embedder) -> None:

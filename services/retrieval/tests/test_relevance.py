@@ -80,8 +80,13 @@ def test_calibrated_similarity_separates_related_from_unrelated(embedder: Embedd
     q, a = embedder.embed(queries), embedder.embed(answers)
     related = scorer.score("", answers, PoolSignals((q * a).sum(axis=1)))
     unrelated = scorer.score("", answers, PoolSignals((q * np.roll(a, 1, axis=0)).sum(axis=1)))
-    assert related.min() > 0.6
+    # Well above the recall threshold (0.35) and clear of every unrelated pair. Not
+    # tighter: "Where do I live?" / "I moved to Lisbon last year." is the weakest pair,
+    # a cosine of 0.32-0.34 that the quantized kernels of one CPU and another give
+    # differently (0.58-0.62 here).
+    assert related.min() > 0.5
     assert unrelated.max() < 0.25
+    assert related.min() - unrelated.max() > 0.3
 
 
 def test_calibrated_similarity_composes_every_signal_in_order() -> None:
