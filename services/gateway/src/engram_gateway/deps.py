@@ -2,8 +2,8 @@
 ``tenant: Tenant`` instead of the same two calls at the top of every route.
 
 Every dependency is ``async def``: FastAPI runs a plain ``def`` one in its thread pool,
-a thread hop per dependency per request (a fifth of a chat's CPU in the gateway with
-memory off, by a py-spy profile), for functions that only read the request."""
+a hop per dependency per request that waits for a thread and for the GIL, for
+functions that only read the request (docs/gateway.md, Observability)."""
 
 from __future__ import annotations
 
