@@ -9,7 +9,7 @@ import pytest
 
 from engram_core.settings import ConfigError, load_settings
 from engram_retrieval.settings import RetrievalSettings
-from engram_retrieval.store.edge import DEFAULT_VECTOR_CACHE
+from engram_retrieval.store.edge import DEFAULT_POINT_CACHE, DEFAULT_VECTOR_CACHE
 from engram_retrieval.writes import DEFAULT_PREVIOUS_TURN_WEIGHT
 
 
@@ -34,6 +34,7 @@ def test_defaults() -> None:
     assert (s.embed_quantization, s.embed_threads) == ("dynamic-int8", 0)
     # the defaults the store and the writer take when built without settings (tests)
     assert s.edge_vector_cache == DEFAULT_VECTOR_CACHE
+    assert s.edge_point_cache == DEFAULT_POINT_CACHE
     assert s.index_previous_turn_weight == DEFAULT_PREVIOUS_TURN_WEIGHT
 
 
@@ -87,6 +88,7 @@ def test_blank_optional_values_mean_unset(monkeypatch: pytest.MonkeyPatch) -> No
         ("ENGRAM_SEARCH_CANDIDATES", "sparse", "'hybrid', 'dense' or 'lexical'"),
         ("ENGRAM_EMBED_QUANTIZATION", "int4", "'dynamic-int8' or 'none'"),
         ("ENGRAM_EDGE_VECTOR_CACHE", "-1", "greater than or equal to 0"),
+        ("ENGRAM_EDGE_POINT_CACHE", "-1", "greater than or equal to 0"),
         ("ENGRAM_INDEX_PREVIOUS_TURN_WEIGHT", "-0.5", "greater than or equal to 0"),
     ],
 )

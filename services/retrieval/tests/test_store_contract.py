@@ -635,3 +635,67 @@ async def test_an_edge_search_never_returns_a_point_another_tenant_took_between_
         assert [p.id for p in found] == [pid(2)]
     finally:
         await store.close()
+
+
+class CountingShard:
+    """The edge shard, counting the points each search reads back by id."""
+
+    def __init__(self, shard: Any) -> None:
+        self.shard = shard
+        self.retrieved: list[set[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shard, name)
+
+    def retrieve(self, ids: list[Any], *args: Any) -> Any:
+        self.retrieved.append({str(i) for i in ids})
+        return self.shard.retrieve(ids, *args)
+
+
+async def test_an_edge_search_reads_a_point_back_once_until_it_is_written(
+    tmp_path: Path,
+) -> None:
+    store = await EdgeStore.open(tmp_path / "shard", DIM)
+    try:
+        await store.upsert("a", [point(1, vector=[1, 0, 0, 0]), point(2, vector=[0.9, 0.1, 0, 0])])
+        counting = CountingShard(store._shard)
+        store._shard = cast(Any, counting)
+        query = np.array([1, 0, 0, 0], dtype=np.float32)
+
+        async def texts() -> dict[str, str]:
+            (found,) = await store.search(query, [PointFilter(tenant="a")], limit=5)
+            return {p.id: p.payload["text"] for p in found}
+
+        assert await texts() == {pid(1): "memory 1", pid(2): "memory 2"}
+        assert await texts() == {pid(1): "memory 1", pid(2): "memory 2"}
+        assert counting.retrieved == [{pid(1), pid(2)}]  # the second search read none back
+        # a rewrite is read by the next search (and only the rewritten point is read)
+        await store.upsert("a", [point(1, vector=[1, 0, 0, 0], text="memory 1, corrected")])
+        assert await texts() == {pid(1): "memory 1, corrected", pid(2): "memory 2"}
+        assert counting.retrieved[-1] == {pid(1)}
+        # superseded: the engine's filter drops it, whatever was read before
+        await store.upsert("a", [point(2, vector=[0.9, 0.1, 0, 0], superseded_by=pid(1))])
+        assert await texts() == {pid(1): "memory 1, corrected"}
+        await store.delete("a", [pid(1)])
+        assert await texts() == {}
+        await store.upsert("a", [point(1, vector=[1, 0, 0, 0], text="memory 1, again")])
+        assert await texts() == {pid(1): "memory 1, again"}
+    finally:
+        await store.close()
+
+
+async def test_an_edge_store_without_a_point_cache_reads_every_search_back(
+    tmp_path: Path,
+) -> None:
+    store = await EdgeStore.open(tmp_path / "shard", DIM, point_cache=0)
+    try:
+        await store.upsert("a", [point(1, vector=[1, 0, 0, 0])])
+        counting = CountingShard(store._shard)
+        store._shard = cast(Any, counting)
+        for _ in range(2):
+            (found,) = await store.search(np.array([1.0, 0, 0, 0]), [PointFilter("a")], 5)
+            assert [p.id for p in found] == [pid(1)]
+        assert counting.retrieved == [{pid(1)}, {pid(1)}]
+        assert len(store.search_points) == 0
+    finally:
+        await store.close()

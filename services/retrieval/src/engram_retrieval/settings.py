@@ -287,6 +287,15 @@ class RetrievalSettings(EngramSettings):
         "(most recently used; float32, 1.5 KB each at 384-d, so 12 MB at the default); a "
         "memory ranked again is not converted out of the store again. 0: none.",
     )
+    edge_point_cache: int = Field(
+        default=4096,
+        ge=0,
+        le=1_000_000,
+        description="Embedded store: the memories a search read back (payload and vector), "
+        "most recently used, about 3 KB each beside the vector: a memory searched again "
+        "is not read out of the store again. A write or delete of a memory drops its entry. "
+        "0: none.",
+    )
 
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 

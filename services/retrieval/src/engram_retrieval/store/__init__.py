@@ -54,4 +54,5 @@ async def open_store(settings: RetrievalSettings, dim: int) -> MemoryStore:
         optimize_after=threshold if settings.edge_optimize else None,
         index_threshold=threshold,
         vector_cache=settings.edge_vector_cache,
+        point_cache=settings.edge_point_cache,
     )

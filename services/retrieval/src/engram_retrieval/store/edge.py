@@ -22,7 +22,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from qdrant_edge import PointId  # the stubs' alias, not a runtime name
 
 from engram_core.logging import get_logger
+from engram_core.lru import LruCache
 from engram_retrieval.lexical import SPARSE_VECTOR, SparseVec
 from engram_retrieval.store.base import (
     DENSE_VECTOR,
@@ -79,6 +80,8 @@ from engram_retrieval.store.edge_shard import DEFAULT_INDEX_THRESHOLD, TOKEN_DAT
 
 #: Dense vectors kept converted for MMR (ENGRAM_EDGE_VECTOR_CACHE): 12 MB at 384-d
 DEFAULT_VECTOR_CACHE = 8192
+#: Recently searched points kept converted (ENGRAM_EDGE_POINT_CACHE): ≈ 3 KB each
+DEFAULT_POINT_CACHE = 4096
 
 T = TypeVar("T")
 
@@ -148,9 +151,16 @@ class EdgeStore:
         unindexed: int = 0,
         late_interaction: bool = True,
         vector_cache: int = DEFAULT_VECTOR_CACHE,
+        point_cache: int = DEFAULT_POINT_CACHE,
     ) -> None:
         self._shard = shard
         self.vectors = DenseVectorCache(vector_cache)
+        # A search's candidates as it read them (payload and vector), by UUID int: most
+        # are the same memories of one user search after search, and reading a point
+        # back out of the shard (≈ 12 µs) and converting its payload (as much again)
+        # was over half of the store's part of a search. Every write of a point goes
+        # through upsert or delete, which drop its entry once the shard holds the write.
+        self.search_points: LruCache[int, StoredPoint] = LruCache(point_cache)
         self.late_interaction = late_interaction
         self.reads_inline = True
         self._executor = executor
@@ -177,6 +187,7 @@ class EdgeStore:
         optimize_after: int | None = None,
         index_threshold: int | None = None,
         vector_cache: int = DEFAULT_VECTOR_CACHE,
+        point_cache: int = DEFAULT_POINT_CACHE,
     ) -> EdgeStore:
         """Open (or create) the shard at ``path``. ``optimize_after`` points written
         start a background optimisation (None: never); ``index_threshold`` is the
@@ -204,6 +215,7 @@ class EdgeStore:
             unindexed=unindexed,
             late_interaction=tokens is not None,
             vector_cache=vector_cache,
+            point_cache=point_cache,
         )
         if tokens is None:
             log.warning(
@@ -247,9 +259,19 @@ class EdgeStore:
         if taken:
             raise ForeignIdError(taken)
         edge_points = [Point(p.id, _vectors(p, self.late_interaction), p.payload) for p in points]
-        await self._update(UpdateOperation.upsert_points(edge_points))
+        try:
+            await self._update(UpdateOperation.upsert_points(edge_points))
+        finally:
+            self._forget_search_points(p.id for p in points)
         self._unindexed += len(points)
         self._maybe_optimize()
+
+    def _forget_search_points(self, ids: Iterable[str]) -> None:
+        """Drop the cached search reads of ``ids``: called on the event loop once the
+        edge thread applied (or failed) their write, so a search that read a point before
+        the write cannot keep it, and one reading after it reads the write."""
+        for point_id in ids:
+            self.search_points.pop(uuid_int(point_id))
 
     async def _update(self, operation: UpdateOperation) -> None:
         async with self._writes:
@@ -310,13 +332,23 @@ class EdgeStore:
                     for found in self._shard.query_batch(batch)
                 ],
             )
-            distinct: list[PointId] = list(
-                {uid.int: uid for found in hits for uid, _ in found}.values()
-            )
-            records = self._shard.retrieve(distinct, True, [DENSE_VECTOR]) if distinct else []
+            distinct = {uid.int: uid for found in hits for uid, _ in found}
+            points: dict[int, StoredPoint] = {}
+            missing: list[PointId] = []
+            for key, uid in distinct.items():
+                cached = self.search_points.get(key)
+                if cached is None:
+                    missing.append(uid)
+                else:
+                    points[key] = cached
+            records = self._shard.retrieve(missing, True, [DENSE_VECTOR]) if missing else []
         read = cast(list[tuple[uuid.UUID, Record]], [(r.id, r) for r in records])
-        points = {uid.int: _search_point(uid, record, self.vectors) for uid, record in read}
-        uuids = {points[uid.int].id: uid for uid, _ in read}
+        for uid, record in read:
+            point = points[uid.int] = _search_point(uid, record, self.vectors)
+            if self.search_points.capacity:
+                np.asarray(point.vector)  # converted now: a cached point holds no record
+                self.search_points.put(uid.int, point)
+        uuids = {points[key].id: uid for key, uid in distinct.items() if key in points}
         # Writes run on the edge thread and may land between the two reads: a point
         # deleted meanwhile is no candidate, nor is one whose id another tenant's write
         # took over meanwhile (the retrieve by id does not filter on the tenant).
@@ -395,7 +427,10 @@ class EdgeStore:
     async def delete(self, tenant: str, ids: Sequence[str]) -> list[str]:
         owned = [p.id for p in await self.retrieve(tenant, ids)]
         if owned:
-            await self._update(UpdateOperation.delete_points(list(owned)))
+            try:
+                await self._update(UpdateOperation.delete_points(list(owned)))
+            finally:
+                self._forget_search_points(owned)
         return owned
 
     async def list_page(
