@@ -156,3 +156,62 @@ def test_the_embedding_is_reused_only_while_the_index_key_is_unchanged() -> None
     same_day = payload(T0.replace(hour=23))
     next_day = payload(datetime(2025, 3, 5, tzinfo=UTC))
     assert first["embed_hash"] == same_day["embed_hash"] != next_day["embed_hash"]
+
+
+def test_a_stored_point_encodes_as_its_record_would() -> None:
+    # The servicer encodes search hits straight from the payload; a caller must get the
+    # message the record would give, whatever a payload holds or lacks.
+    from engram_core import codec
+    from engram_retrieval.service import _memory
+    from engram_retrieval.store import StoredPoint
+
+    record = MemoryRecord(
+        id=str(uuid.uuid4()),
+        kind="fact",
+        text="User is allergic to peanuts",
+        user_id="u1",
+        conversation_id="c1",
+        created_at=datetime(2024, 5, 8, 13, 56, 1, 123456, tzinfo=UTC),
+        valid_from=datetime(2024, 5, 8, tzinfo=UTC),
+        source_turn_ids=["t1", "t2"],
+        tags=["health"],
+        superseded_by="other",
+        metadata={"decision": "ADD"},
+    )
+    full = build_payload(
+        "tenant-a", record, created_at=T0, updated_at=T0, embedding_model="model-x"
+    )
+    summary = build_payload(
+        "t",
+        record.model_copy(update={"kind": "summary", "turn_range": (3, 9)}),
+        created_at=T0,
+        updated_at=T0,
+        embedding_model="m",
+    )
+    payloads: list[dict[str, Any]] = [
+        full,
+        summary,
+        {**full, "valid_to": "2025-01-01T00:00:00.000000Z", "superseded_by": None},
+        {**full, "metadata": None, "tags": None, "source_turn_ids": None, "turn_index": None},
+        {"tenant": "a", "kind": "turn", "text": "an older payload", "created_at": "2024-01-01"},
+        {"tenant": "a", "kind": "a kind from a newer version", "text": "x"},
+        {
+            "kind": "profile",
+            "profile": {
+                "category": "diet",
+                "key": "allergy",
+                "value": "nuts",
+                "confidence": 0.9,
+                "importance": 0.5,
+            },
+        },
+    ]
+    for payload in payloads:
+        point = StoredPoint(record.id, payload)
+        expected = codec.record_to_pb(
+            record_from_payload(record.id, payload),
+            tenant=payload.get("tenant", ""),
+            embedding_model=payload.get("embedding_model", ""),
+        )
+        assert _memory(point) == expected, payload
+        assert _memory(point) == expected  # a second read (its timestamps remembered)

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram_core import codec
 from engram_core.codec import pb, pb_grpc
@@ -156,13 +157,52 @@ def _point_filter(tenant: str, flt: MemoryFilter) -> PointFilter:
     )
 
 
+@functools.lru_cache(maxsize=16384)
+def _timestamp(stored: str) -> Timestamp:
+    """A payload's timestamp text as its protobuf Timestamp: the same memories, so the
+    same texts, come back search after search. Never handed out, only copied from."""
+    return codec.to_timestamp(parse_ts(stored))
+
+
 def _memory(point: StoredPoint) -> pb.Memory:
-    """A stored point as the caller receives it (with its tenant and embedding model)."""
-    return codec.record_to_pb(
-        record_from_payload(point.id, point.payload),
-        tenant=point.payload.get("tenant", ""),
-        embedding_model=point.payload.get("embedding_model", ""),
+    """A stored point as the caller receives it (with its tenant and embedding model):
+    the message ``codec.record_to_pb(record_from_payload(...))`` makes (a test holds them
+    equal), encoded from the payload without the record in between, whose construction
+    was a third of the encoding of a Search's hits."""
+    payload = point.payload
+    tenant, model = payload.get("tenant", ""), payload.get("embedding_model", "")
+    if payload.get("profile"):  # the record fills in what an older entry lacks
+        record = record_from_payload(point.id, payload)
+        return codec.record_to_pb(record, tenant=tenant, embedding_model=model)
+    memory = pb.Memory(
+        id=point.id,
+        tenant=tenant,
+        user_id=payload.get("user_id", ""),
+        conversation_id=payload.get("conversation_id", ""),
+        kind=codec.KIND_BY_NAME.get(payload.get("kind", ""), pb.MEMORY_KIND_UNSPECIFIED),
+        text=payload.get("text", ""),
+        role=payload.get("role", ""),
+        source_id=payload.get("source_id", ""),
+        turn_index=int(payload.get("turn_index") or 0),
+        source_turn_ids=list(payload.get("source_turn_ids") or []),
+        superseded_by=payload.get("superseded_by") or "",
+        tags=list(payload.get("tags") or []),
+        embedding_model=model,
+        metadata=dict(payload.get("metadata") or {}),
     )
+    for name in _TIMESTAMP_FIELDS:
+        if stored := payload.get(name):
+            getattr(memory, name).CopyFrom(_timestamp(stored))
+    if turn_range := payload.get("turn_range"):
+        memory.turn_range.CopyFrom(
+            pb.TurnRange(
+                first_turn=int(turn_range["first_turn"]), last_turn=int(turn_range["last_turn"])
+            )
+        )
+    return memory
+
+
+_TIMESTAMP_FIELDS = ("created_at", "updated_at", "valid_from", "valid_to")
 
 
 class MemoryServicer(pb_grpc.MemoryServiceServicer):
