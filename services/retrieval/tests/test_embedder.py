@@ -225,3 +225,17 @@ def test_a_first_start_loads_its_new_quantized_copy_from_the_cache_file(tmp_path
     # no cache to load from: the bytes themselves
     fallback = embedder_module.cached_quantize_dynamic_int8(model, blocked / "models")
     assert isinstance(fallback, bytes) and fallback == Path(loaded).read_bytes()
+
+
+def test_a_new_cached_copy_replaces_the_copies_older_versions_made(tmp_path: Path) -> None:
+    model = default_model_files().model
+    cache = tmp_path / "models"
+    cache.mkdir()
+    source = quantized_cache_path(model, cache).name.partition("-")[0]
+    older = cache / f"{source}-ort1.20.0-dynamic-int8.onnx"
+    older.write_bytes(b"an older onnxruntime's copy")
+    other_model = cache / "0123456789abcdef-ort1.20.0-dynamic-int8.onnx"
+    other_model.write_bytes(b"another model's copy")
+    loaded = embedder_module.cached_quantize_dynamic_int8(model, cache)
+    assert isinstance(loaded, Path)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([loaded.name, other_model.name])
