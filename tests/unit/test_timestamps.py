@@ -7,6 +7,7 @@ import logging
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram_core.bus import ExpectedFetchNoise
 from engram_core.codec import from_timestamp, to_timestamp
@@ -29,6 +30,17 @@ def test_edge_times_round_trip_through_every_form(value: datetime) -> None:
     assert from_timestamp(to_timestamp(value)) == utc  # protobuf
     assert datetime.fromisoformat(format_utc(value)) == utc
     assert format_utc(value)[:4] == f"{utc.year:04d}"
+
+
+def test_a_decoded_timestamp_is_the_same_time_each_time_it_is_decoded() -> None:
+    # decoding keeps the datetimes it made (codec._datetime_at): the same value and type
+    # as protobuf's own conversion, sub-microsecond nanos rounded toward zero as it does
+    for seconds, nanos in [(1, 0), (0, 1500), (-62135596800, 0), (1764633600, 999_999_999)]:
+        ts = Timestamp(seconds=seconds, nanos=nanos)
+        first, again = from_timestamp(ts), from_timestamp(Timestamp(seconds=seconds, nanos=nanos))
+        assert first == again == ts.ToDatetime(tzinfo=UTC)
+        assert first is not None and first.tzinfo is UTC
+    assert from_timestamp(Timestamp()) is None  # unset
 
 
 def test_text_forms_sort_as_time_and_pad_the_year() -> None:

@@ -15,6 +15,7 @@ with the field at fault in its message.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import cast, get_args
@@ -158,9 +159,17 @@ def to_timestamp(value: datetime) -> Timestamp:
 
 def from_timestamp(ts: Timestamp) -> datetime | None:
     """None for an unset timestamp (seconds and nanos both zero)."""
-    if ts.seconds == 0 and ts.nanos == 0:
+    seconds, nanos = ts.seconds, ts.nanos
+    if seconds == 0 and nanos == 0:
         return None
-    return ts.ToDatetime(tzinfo=UTC)
+    return _datetime_at(seconds, nanos)
+
+
+@functools.lru_cache(maxsize=16384)
+def _datetime_at(seconds: int, nanos: int) -> datetime:
+    # A Search's reply carries two or four timestamps a hit, mostly of memories that
+    # recent replies carried too: converting each anew was half of decoding a reply.
+    return Timestamp(seconds=seconds, nanos=nanos).ToDatetime(tzinfo=UTC)
 
 
 # --- memories ---------------------------------------------------------------------------
