@@ -9,7 +9,11 @@ import pytest
 
 from engram_core.settings import ConfigError, load_settings
 from engram_retrieval.settings import RetrievalSettings
-from engram_retrieval.store.edge import DEFAULT_POINT_CACHE, DEFAULT_VECTOR_CACHE
+from engram_retrieval.store.edge import (
+    DEFAULT_POINT_CACHE,
+    DEFAULT_SEARCH_THREADS,
+    DEFAULT_VECTOR_CACHE,
+)
 from engram_retrieval.writes import DEFAULT_PREVIOUS_TURN_WEIGHT
 
 
@@ -35,6 +39,7 @@ def test_defaults() -> None:
     # the defaults the store and the writer take when built without settings (tests)
     assert s.edge_vector_cache == DEFAULT_VECTOR_CACHE
     assert s.edge_point_cache == DEFAULT_POINT_CACHE
+    assert s.edge_search_threads == DEFAULT_SEARCH_THREADS == 1
     assert s.index_previous_turn_weight == DEFAULT_PREVIOUS_TURN_WEIGHT
 
 

@@ -297,6 +297,17 @@ class RetrievalSettings(EngramSettings):
         "0: none.",
     )
 
+    edge_search_threads: int = Field(
+        default=1,
+        ge=0,
+        le=256,
+        description="Embedded store: threads the engine searches a query's segments on. 1: "
+        "on the calling thread, no hand-off (a chat's Search makes five store queries of "
+        "a few hundred microseconds; handing each to a pool cost more CPU than it saved "
+        "time on two cores: docs/retrieval.md). 0: the engine's own choice, one per core, "
+        "for large stores on machines with cores to spare.",
+    )
+
     shutdown_grace_s: float = Field(default=5.0, ge=0.0, le=300.0)
 
     @field_validator(

@@ -55,4 +55,5 @@ async def open_store(settings: RetrievalSettings, dim: int) -> MemoryStore:
         index_threshold=threshold,
         vector_cache=settings.edge_vector_cache,
         point_cache=settings.edge_point_cache,
+        search_threads=settings.edge_search_threads,
     )

@@ -82,6 +82,8 @@ from engram_retrieval.store.edge_shard import DEFAULT_INDEX_THRESHOLD, TOKEN_DAT
 DEFAULT_VECTOR_CACHE = 8192
 #: Recently searched points kept converted (ENGRAM_EDGE_POINT_CACHE): ≈ 3 KB each
 DEFAULT_POINT_CACHE = 4096
+#: The engine's search threads (ENGRAM_EDGE_SEARCH_THREADS): 1, a query on the caller's
+DEFAULT_SEARCH_THREADS = 1
 
 T = TypeVar("T")
 
@@ -152,8 +154,10 @@ class EdgeStore:
         late_interaction: bool = True,
         vector_cache: int = DEFAULT_VECTOR_CACHE,
         point_cache: int = DEFAULT_POINT_CACHE,
+        search_threads: int | None = None,
     ) -> None:
         self._shard = shard
+        self._search_threads = search_threads
         self.vectors = DenseVectorCache(vector_cache)
         # A search's candidates as it read them (payload and vector), by UUID int: most
         # are the same memories of one user search after search, and reading a point
@@ -188,17 +192,19 @@ class EdgeStore:
         index_threshold: int | None = None,
         vector_cache: int = DEFAULT_VECTOR_CACHE,
         point_cache: int = DEFAULT_POINT_CACHE,
+        search_threads: int | None = DEFAULT_SEARCH_THREADS,
     ) -> EdgeStore:
         """Open (or create) the shard at ``path``. ``optimize_after`` points written
         start a background optimisation (None: never); ``index_threshold`` is the
-        segment size (points) that gets an HNSW index, by default ``optimize_after``."""
+        segment size (points) that gets an HNSW index, by default ``optimize_after``;
+        ``search_threads``: the engine's search threads (edge_shard.edge_config)."""
         threshold = index_threshold or optimize_after or DEFAULT_INDEX_THRESHOLD
         generations = ShardGenerations(path)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qdrant-edge")
         loop = asyncio.get_running_loop()
         try:
             shard, tokens = await loop.run_in_executor(
-                executor, open_shard, generations.open_active(), dim, threshold
+                executor, open_shard, generations.open_active(), dim, threshold, search_threads
             )
             # A store never optimised by a switch may hold any number of plain points.
             unindexed = 0 if generations.switched else shard.info().points_count
@@ -216,6 +222,7 @@ class EdgeStore:
             late_interaction=tokens is not None,
             vector_cache=vector_cache,
             point_cache=point_cache,
+            search_threads=search_threads,
         )
         if tokens is None:
             log.warning(
@@ -545,7 +552,9 @@ class EdgeStore:
             report = await run_optimizer(target, self.dim, self._index_threshold)
             if not report.get("optimized"):
                 return False
-            fresh, _ = await self._run(open_shard, target, self.dim, self._index_threshold)
+            fresh, _ = await self._run(
+                open_shard, target, self.dim, self._index_threshold, self._search_threads
+            )
             previous = self._generations.active
             try:
                 while not switched:

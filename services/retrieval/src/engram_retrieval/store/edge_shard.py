@@ -69,9 +69,12 @@ def edge_config(
     index_threshold: int = DEFAULT_INDEX_THRESHOLD,
     *,
     tokens: VectorStorageDatatype | None = TOKEN_DATATYPES[0],
+    search_threads: int | None = None,
 ) -> EdgeConfig:
     """The shard's configuration; the same in the service and the optimiser process.
-    ``tokens``: how token vectors are stored (None: a shard without them)."""
+    ``tokens``: how token vectors are stored (None: a shard without them);
+    ``search_threads``: the engine's threads a query's segments are searched on (0: its
+    own choice, one per core; None: as the shard was last opened with)."""
     vectors = {DENSE_VECTOR: EdgeVectorParams(size=dim, distance=Distance.Cosine)}
     if tokens is not None:
         vectors[TOKENS_VECTOR] = EdgeVectorParams(
@@ -91,6 +94,7 @@ def edge_config(
             indexing_threshold=max(1, index_threshold * dim * 4 // 1024),  # KB of vectors
             prevent_unoptimized=False,  # never hide points waiting for an index
         ),
+        max_search_threads=search_threads,
     )
 
 
@@ -104,17 +108,21 @@ def index_schema(kind: str) -> Any:
 
 
 def open_shard(
-    path: Path, dim: int, index_threshold: int = DEFAULT_INDEX_THRESHOLD
+    path: Path,
+    dim: int,
+    index_threshold: int = DEFAULT_INDEX_THRESHOLD,
+    search_threads: int | None = None,
 ) -> tuple[EdgeShard, VectorStorageDatatype | None]:
     """The shard at ``path`` (created when absent) and how it stores token vectors (None:
     it has none). A shard created with an earlier layout opens as it is."""
     try:
         if path.is_dir() and any(path.iterdir()):
-            shard, tokens = _load(path, dim, index_threshold)
+            shard, tokens = _load(path, dim, index_threshold, search_threads)
         else:
             path.mkdir(parents=True, exist_ok=True)
             tokens = TOKEN_DATATYPES[0]
-            shard = EdgeShard.create(str(path), edge_config(dim, index_threshold, tokens=tokens))
+            config = edge_config(dim, index_threshold, tokens=tokens, search_threads=search_threads)
+            shard = EdgeShard.create(str(path), config)
     except StoreError:
         raise
     except Exception as exc:  # the bindings raise plain Exception subclasses
@@ -141,13 +149,13 @@ _DENSE_SIZE = re.compile(
 
 
 def _load(
-    path: Path, dim: int, index_threshold: int
+    path: Path, dim: int, index_threshold: int, search_threads: int | None
 ) -> tuple[EdgeShard, VectorStorageDatatype | None]:
     # Qdrant refuses a configuration that differs from the stored one, naming the
     # difference: try the current layout, then the earlier ones.
     for tokens in (*TOKEN_DATATYPES, None):
         try:
-            config = edge_config(dim, index_threshold, tokens=tokens)
+            config = edge_config(dim, index_threshold, tokens=tokens, search_threads=search_threads)
             return EdgeShard.load(str(path), config), tokens
         except Exception as exc:
             earlier_layout = (
