@@ -42,8 +42,14 @@ def test_the_packaged_model_is_rebuilt_with_the_same_hidden_states(
     ids = np.array([[101, 1045, 2293, 10733, 1012, 102], [101, 7592, 102, 0, 0, 0]])
     mask = (ids != 0).astype(np.int64)
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-    expected = embedder._hidden_states(folded, feeds)
-    np.testing.assert_allclose(embedder._hidden_states(fused, feeds), expected, atol=1e-4)
+    expected, got = (
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+            ["last_hidden_state"], feeds
+        )[0]
+        for path in (folded, fused)
+    )
+    attended = mask.astype(bool)
+    np.testing.assert_allclose(got[attended], expected[attended], atol=1e-4)
 
 
 def test_the_quantized_model_runs_integer_attention() -> None:
@@ -93,8 +99,25 @@ def test_a_rebuild_whose_output_differs_keeps_the_folded_graph(
     assert embedder.fused_if_equivalent(folded, tmp_path / "fused.onnx") == folded
 
 
+def test_the_head_counts_are_tried_until_one_matches(
+    folded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[int] = []
+    fused_bert = bert_fusion.fused_bert
+
+    def recording(graph: onnx.ModelProto, heads: int) -> onnx.ModelProto:
+        built.append(heads)
+        return fused_bert(graph, heads)
+
+    monkeypatch.setattr(bert_fusion, "fused_bert", recording)
+    monkeypatch.setattr(bert_fusion, "head_counts", lambda hidden: [6, 12, 24])
+    assert embedder.fused_if_equivalent(folded, tmp_path / "fused.onnx") == tmp_path / "fused.onnx"
+    assert built == [6, 12]  # MiniLM's twelve heads match; 24 is never built
+
+
 def test_head_counts_and_a_hidden_size_they_do_not_divide(folded: Path) -> None:
     assert bert_fusion.head_counts(384) == [6, 12]
     assert bert_fusion.head_counts(768) == [12, 24]
+    assert bert_fusion.embedding_shape(onnx.load(str(folded))) == (30522, 384)
     with pytest.raises(bert_fusion.NotFusable, match="do not divide"):
         bert_fusion.fused_bert(onnx.load(str(folded)), heads=5)

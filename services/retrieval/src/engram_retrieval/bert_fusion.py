@@ -129,6 +129,23 @@ def fused_bert(folded: onnx.ModelProto, heads: int) -> onnx.ModelProto:
         tensors.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
+    def skip_layer_norm(x: str, bias: np.ndarray, skip: str, norm: str, out: str) -> onnx.NodeProto:
+        """``out`` = LayerNorm(x + bias + skip), the residual that ends each half of a BERT
+        layer, with the weights of the export's LayerNorm ``norm``."""
+        return helper.make_node(
+            "SkipLayerNormalization",
+            [
+                x,
+                skip,
+                tensor(f"{x}.norm.gamma", named(norm + ".weight")),
+                tensor(f"{x}.norm.beta", named(norm + ".bias")),
+                tensor(f"{x}.bias", bias),
+            ],
+            [out],
+            domain="com.microsoft",
+            epsilon=eps,
+        )
+
     nodes = [
         helper.make_node("Cast", ["input_ids"], ["ids"], to=TensorProto.INT32),
         helper.make_node("Cast", ["token_type_ids"], ["segments"], to=TensorProto.INT32),
@@ -175,18 +192,12 @@ def fused_bert(folded: onnx.ModelProto, heads: int) -> onnx.ModelProto:
                 [f"l{i}.attention", tensor(f"l{i}.o.weight", weights[ROLES[3]].weight)],
                 [f"l{i}.o"],
             ),
-            helper.make_node(
-                "SkipLayerNormalization",
-                [
-                    f"l{i}.o",
-                    x,
-                    tensor(f"l{i}.ln1.gamma", named(names + "attention.output.LayerNorm.weight")),
-                    tensor(f"l{i}.ln1.beta", named(names + "attention.output.LayerNorm.bias")),
-                    tensor(f"l{i}.o.bias", weights[ROLES[3]].bias),
-                ],
-                [f"l{i}.h"],
-                domain="com.microsoft",
-                epsilon=eps,
+            skip_layer_norm(
+                f"l{i}.o",
+                weights[ROLES[3]].bias,
+                x,
+                names + "attention.output.LayerNorm",
+                f"l{i}.h",
             ),
             helper.make_node(
                 "MatMul",
@@ -204,18 +215,8 @@ def fused_bert(folded: onnx.ModelProto, heads: int) -> onnx.ModelProto:
                 [f"l{i}.gelu", tensor(f"l{i}.down.weight", weights[ROLES[5]].weight)],
                 [f"l{i}.down"],
             ),
-            helper.make_node(
-                "SkipLayerNormalization",
-                [
-                    f"l{i}.down",
-                    f"l{i}.h",
-                    tensor(f"l{i}.ln2.gamma", named(names + "output.LayerNorm.weight")),
-                    tensor(f"l{i}.ln2.beta", named(names + "output.LayerNorm.bias")),
-                    tensor(f"l{i}.down.bias", weights[ROLES[5]].bias),
-                ],
-                [out],
-                domain="com.microsoft",
-                epsilon=eps,
+            skip_layer_norm(
+                f"l{i}.down", weights[ROLES[5]].bias, f"l{i}.h", names + "output.LayerNorm", out
             ),
         ]
         x = out
@@ -242,8 +243,10 @@ def head_counts(hidden: int) -> list[int]:
     return [hidden // width for width in (64, 32) if hidden % width == 0]
 
 
-def hidden_size(folded: onnx.ModelProto) -> int:
+def embedding_shape(folded: onnx.ModelProto) -> tuple[int, int]:
+    """(vocabulary, hidden size) of a BERT encoder's word embeddings."""
     for initializer in folded.graph.initializer:
         if initializer.name.endswith("embeddings.word_embeddings.weight"):
-            return int(initializer.dims[1])
+            vocabulary, hidden = initializer.dims
+            return int(vocabulary), int(hidden)
     raise NotFusable("no word embeddings")

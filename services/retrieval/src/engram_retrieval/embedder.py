@@ -238,52 +238,53 @@ FUSED_TOLERANCE = 1e-4
 def fused_if_equivalent(folded: Path, fused: Path) -> Path:
     """``fused`` (written) when :func:`~engram_retrieval.bert_fusion.fused_bert` can
     rebuild ``folded`` and the rebuilt graph gives its hidden states on a probe batch
-    (padded, so the mask is exercised); else ``folded`` as it is."""
+    (padded, so the mask is exercised); else ``folded`` as it is. The head counts are
+    tried one at a time, and the first that matches is kept."""
     import onnx
 
     from engram_retrieval import bert_fusion
 
     graph = onnx.load(str(folded))
     try:
-        hidden = bert_fusion.hidden_size(graph)
-        vocabulary = next(
-            int(i.dims[0])
-            for i in graph.graph.initializer
-            if i.name.endswith("embeddings.word_embeddings.weight")
-        )
-        heads = bert_fusion.head_counts(hidden)
-        candidates = [(h, bert_fusion.fused_bert(graph, h)) for h in heads]
+        vocabulary, hidden = bert_fusion.embedding_shape(graph)
     except bert_fusion.NotFusable as exc:
         log.info("embedder.graph_not_fused", reason=str(exc))
         return folded
     probe = _probe_feeds(vocabulary)
-    expected = _hidden_states(folded, probe)
-    for heads_count, model in candidates:
-        onnx.save(model, str(fused))
+    expected: np.ndarray | None = None
+    for heads in bert_fusion.head_counts(hidden):
+        try:
+            onnx.save(bert_fusion.fused_bert(graph, heads), str(fused))
+        except bert_fusion.NotFusable as exc:
+            log.info("embedder.graph_not_fused", reason=str(exc))
+            return folded
+        if expected is None:
+            expected = _hidden_states(folded, probe)
         try:
             got = _hidden_states(fused, probe)
         except Exception as exc:  # onnxruntime's untyped errors: keep the folded graph
             log.info("embedder.graph_not_fused", reason=f"{type(exc).__name__}: {exc}")
             return folded
         if got.shape == expected.shape and float(np.abs(got - expected).max()) <= FUSED_TOLERANCE:
-            log.info("embedder.graph_fused", heads=heads_count, nodes=len(model.graph.node))
+            log.info("embedder.graph_fused", heads=heads)
             return fused
     log.info("embedder.graph_not_fused", reason="the rebuilt graph's output differs")
     return folded
 
 
 def _probe_feeds(vocabulary: int) -> dict[str, np.ndarray]:
-    ids = np.random.default_rng(7).integers(1000, min(vocabulary, 30000), size=(2, 12))
+    ids = np.random.default_rng(7).integers(
+        min(1000, vocabulary // 2), min(vocabulary, 30000), (2, 12)
+    )
     mask = np.ones_like(ids)
     mask[1, 7:] = 0  # the second row padded
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
 
 
 def _hidden_states(model: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(model), sess_options=options, providers=[_CPU])
-    hidden = np.asarray(session.run(None, feeds)[0])
+    """The hidden states of the positions ``feeds`` attend to, from a session made as the
+    embedder makes its own."""
+    hidden = np.asarray(create_session(model, threads=1).run(None, feeds)[0])
     mask = feeds["attention_mask"].astype(bool)
     return hidden[mask]  # padded positions carry nothing the embedder reads
 
