@@ -289,6 +289,49 @@ def test_a_note_too_long_for_what_is_left_is_skipped_not_the_end_of_the_notes(
     assert estimate_tokens(render_memory(result, now=NOW) or "") <= budget
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_budget_keeps_in_rank_order_every_hit_that_fits_as_rendered(
+    hit: Callable[..., SearchHit], seed: int
+) -> None:
+    """Random mixes of facts and turns (two conversations, three days, turns recalled
+    out of the order said, gaps between them): what is kept renders within the budget,
+    and each hit passed over would not have fit beside the better-ranked ones kept."""
+    rng = random.Random(seed)
+    words = ["cat", "boat", "Miso", "weekend", "brother's", "湖"]
+    hits = []
+    for i in range(rng.randint(1, 30)):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 25)))
+        created = datetime(2025, 3, rng.randint(1, 3), rng.randint(0, 23), tzinfo=UTC)
+        if rng.random() < 0.3:
+            made = hit(text, created_at=created)
+        else:
+            role = rng.choice(["user", "assistant"])
+            made = turn_hit(hit, text, rng.randint(0, 12), role, created_at=created)
+        memory = made.memory.model_copy(
+            update={"id": f"hit-{i}", "conversation_id": rng.choice(["a", "b"])}
+        )
+        hits.append(SearchHit(memory, made.scores, made.scope))
+    result = SearchResult(outcome="ranked", hits=hits)
+
+    def rendered_cost(chosen: list[SearchHit]) -> int:
+        return estimate_tokens(
+            render_memory(SearchResult(outcome="ranked", hits=chosen), now=NOW) or ""
+        )
+
+    budget = rng.randint(rendered_cost([]), rendered_cost(hits) + 10)
+    kept = within_budget(result, budget, now=NOW)
+    assert rendered_cost(kept) <= budget
+    kept_ids = {h.memory.id for h in kept}
+    for rank, passed in enumerate(hits):
+        if passed.memory.id not in kept_ids:
+            before = [h for h in hits[:rank] if h.memory.id in kept_ids]
+            assert rendered_cost([*before, passed]) > budget
+    # costed exactly as rendered: a budget of what the best n render to keeps all n
+    for n in range(1, len(hits) + 1):
+        best = SearchResult(outcome="ranked", hits=hits[:n])
+        assert within_budget(best, rendered_cost(hits[:n]), now=NOW) == hits[:n]
+
+
 @pytest.mark.parametrize(
     ("language", "text", "at_least"),
     [

@@ -22,6 +22,7 @@ as instructions.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import re
@@ -224,36 +225,56 @@ def within_budget(
     is left is passed over, not the end: a shorter one after it may still fit."""
     fixed = [*_attached_lines(result, now), _hits_heading(result, in_window)]
     spent = sum(estimate_tokens(line) for line in fixed)
-    groups: list[list[MemoryRecord]] = []
-    group_costs: list[int] = []
+    notes: list[_CostedNote] = []
     kept: list[SearchHit] = []
-    # a note's lines are re-costed as it grows: each line is estimated once
-    estimates: dict[str, int] = {}
-
-    def lines_cost(lines: Sequence[str]) -> int:
-        return sum(
-            estimates[line]
-            if line in estimates
-            else estimates.setdefault(line, estimate_tokens(line))
-            for line in lines
-        )
-
     for hit in result.hits:
-        home = _home(groups, hit.memory)
-        index = len(groups) if home is None else groups.index(home)
-        after = sorted([*(home or ()), hit.memory], key=_said_order)
-        after_cost = lines_cost(_group_lines(index + 1, after))
-        cost = after_cost - (group_costs[index] if home is not None else 0)
+        memory = hit.memory
+        index = next((i for i, n in enumerate(notes) if _same_session(memory, n.turns[0])), None)
+        if index is None:
+            note = _CostedNote.alone(len(notes) + 1, memory)
+            cost = note.cost
+        else:
+            note = notes[index].joined(index + 1, memory)
+            cost = note.cost - notes[index].cost
         if spent + cost > max_tokens:
             continue
         spent += cost
-        if home is None:
-            groups.append(after)
-            group_costs.append(after_cost)
+        if index is None:
+            notes.append(note)
         else:
-            groups[index], group_costs[index] = after, after_cost
+            notes[index] = note
         kept.append(hit)
     return kept
+
+
+@dataclass(frozen=True)
+class _CostedNote:
+    """A note as :func:`_group_lines` renders it, with its cost in tokens kept up to date
+    as turns join it: each turn's line is costed once, not again with every turn that
+    joins (a budget of 27 hits of one conversation re-rendered 378 lines)."""
+
+    turns: list[MemoryRecord]  # in the order said
+    turn_line_costs: int  # the turns' own lines (a lone hit: 0 until one joins it)
+    gaps: int  # ``…`` lines
+    cost: int
+
+    @classmethod
+    def alone(cls, number: int, memory: MemoryRecord) -> _CostedNote:
+        return cls([memory], 0, 0, estimate_tokens(_hit_line(number, memory)))
+
+    def joined(self, number: int, memory: MemoryRecord) -> _CostedNote:
+        turns = self.turns
+        at = bisect.bisect_right(turns, _said_order(memory), key=_said_order)
+        before = turns[at - 1] if at else None
+        after = turns[at] if at < len(turns) else None
+        gaps = self.gaps + (before is not None and _gap_between(before, memory))
+        gaps += after is not None and _gap_between(memory, after)
+        gaps -= before is not None and after is not None and _gap_between(before, after)
+        line_costs = self.turn_line_costs or estimate_tokens(_turn_line(turns[0]))
+        line_costs += estimate_tokens(_turn_line(memory))
+        joined = [*turns[:at], memory, *turns[at:]]
+        heading = estimate_tokens(_note_heading(number, joined))
+        return _CostedNote(joined, line_costs, gaps, heading + line_costs + gaps * _GAP_TOKENS)
 
 
 # --- describing what was found --------------------------------------------------------
@@ -412,13 +433,29 @@ def _group_lines(number: int, group: Sequence[MemoryRecord]) -> list[str]:
     recalled."""
     if len(group) == 1:
         return [_hit_line(number, group[0])]
-    first = group[0]
-    lines = [f"{number}. [{_day(first.created_at)}] {len(group)} turns:"]
+    lines = [_note_heading(number, group)]
     for previous, memory in zip([None, *group], group, strict=False):
-        if previous is not None and memory.turn_index - previous.turn_index > 1:
-            lines.append("   …")
-        lines.append(f"   {_speaker(memory)} said: {quoted(memory.spoken_text)}")
+        if previous is not None and _gap_between(previous, memory):
+            lines.append(_GAP)
+        lines.append(_turn_line(memory))
     return lines
+
+
+def _note_heading(number: int, group: Sequence[MemoryRecord]) -> str:
+    return f"{number}. [{_day(group[0].created_at)}] {len(group)} turns:"
+
+
+def _turn_line(memory: MemoryRecord) -> str:
+    return f"   {_speaker(memory)} said: {quoted(memory.spoken_text)}"
+
+
+def _gap_between(previous: MemoryRecord, memory: MemoryRecord) -> bool:
+    """Turns between two of a note's were not recalled (the note shows ``…``)."""
+    return memory.turn_index - previous.turn_index > 1
+
+
+_GAP = "   …"
+_GAP_TOKENS = estimate_tokens(_GAP)
 
 
 def _profile_line(memory: MemoryRecord) -> str:
