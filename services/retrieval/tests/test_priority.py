@@ -5,12 +5,16 @@ wait); with no interactive call in flight nothing waits."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engram_core.codec import pb
+from engram_core.codec import pb, to_timestamp
 from engram_core.memory import SearchQuery
 from engram_core.retrieval_client import RetrievalClient
+from engram_retrieval.embedder import Encoded
 from engram_retrieval.pipeline import Ranked
 from engram_retrieval.priority import InteractiveFirst
 from engram_testing.worker_stack import running_retrieval
@@ -54,10 +58,10 @@ async def test_the_gateways_search_holds_back_a_workers_call_until_it_is_answere
         pipeline = ret.server.servicer.pipeline
         real_run = pipeline.run
 
-        async def slow_run(query: SearchQuery) -> Ranked:
+        async def slow_run(query: SearchQuery, *, interactive: bool = True) -> Ranked:
             searching.set()
             await release.wait()
-            return await real_run(query)
+            return await real_run(query, interactive=interactive)
 
         pipeline.run = slow_run  # type: ignore[method-assign]
         gateway = RetrievalClient(ret.server.address, timeout_s=30, interactive=True)
@@ -83,3 +87,60 @@ async def test_the_gateways_search_holds_back_a_workers_call_until_it_is_answere
         finally:
             release.set()
             await gateway.close()
+
+
+async def test_a_workers_search_embeds_off_the_loop_and_finds_what_the_chats_finds(
+    tmp_path: Path,
+) -> None:
+    """A worker's Search embeds its query in the writes' thread, so the loop can start a
+    chat's Search meanwhile; a chat's embeds on the loop. Both rank the same way."""
+    async with running_retrieval(tmp_path / "data") as ret:
+        await ret.client.upsert(
+            pb.UpsertRequest(
+                tenant="acme",
+                memories=[
+                    pb.Memory(
+                        kind=pb.MEMORY_KIND_FACT,
+                        text=text,
+                        user_id="u1",
+                        conversation_id="c1",
+                        created_at=to_timestamp(datetime(2026, 11, day, tzinfo=UTC)),
+                    )
+                    for day, text in enumerate(
+                        [
+                            "User's cat is called Miso.",
+                            "User works as a nurse.",
+                            *(f"User visited town number {i} in spring." for i in range(24)),
+                        ],
+                        start=1,
+                    )
+                ],
+            )
+        )
+        encoder = ret.server.servicer.pipeline.encoder
+        embedder = encoder.embedder
+        assert encoder.inline_searches  # the packaged, quantized embedder
+        threads: list[threading.Thread] = []
+        real_encode = embedder.encode
+
+        def recording(texts: Sequence[str]) -> list[Encoded]:
+            threads.append(threading.current_thread())
+            return real_encode(texts)
+
+        embedder.encode = recording  # type: ignore[method-assign]
+        gateway = RetrievalClient(ret.server.address, timeout_s=30, interactive=True)
+        try:
+
+            def search(text: str) -> pb.SearchRequest:
+                return pb.SearchRequest(tenant="acme", query=text, user_id="u1", top_k=3)
+
+            chat = await gateway.search(search("which pets do I have?"))
+            worker = await ret.client.search(search("what pets do I have?"))
+        finally:
+            await gateway.close()
+        loop_thread = threading.current_thread()
+        chats_thread, workers_thread = threads
+        assert chats_thread is loop_thread and workers_thread is not loop_thread
+        assert worker.outcome == chat.outcome == pb.SEARCH_OUTCOME_RANKED
+        assert [h.memory.text for h in worker.hits] == [h.memory.text for h in chat.hits]
+        assert worker.hits[0].memory.text == "User's cat is called Miso."

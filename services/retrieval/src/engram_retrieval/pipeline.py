@@ -289,8 +289,13 @@ class SearchPipeline:
 
     # -- the pipeline --------------------------------------------------------------------
 
-    async def run(self, query: SearchQuery) -> Ranked:
+    async def run(self, query: SearchQuery, *, interactive: bool = True) -> Ranked:
+        """``interactive``: someone waits for this search (a chat's recall). Any other
+        (a worker's duplicate check) embeds its query in the writes' thread and gives
+        the loop away while it waits, so a chat's search that arrives meanwhile starts
+        at once instead of after it (docs/retrieval.md, "Background searches")."""
         started = time.perf_counter()
+        through = self.runs_through and interactive
         if not query.tenant.strip():
             raise RequestError("tenant is required")
         if not query.text.strip():
@@ -299,11 +304,11 @@ class SearchPipeline:
         scopes = self.scopes(query)
         now = query.now or self.clock()
         attached: asyncio.Future[tuple[StoredPoint | None, list[StoredPoint]]]
-        if self.runs_through:
+        if through:
             attached = asyncio.get_running_loop().create_future()
-            attached.set_result(await self._attachments(query))
+            attached.set_result(await self._attachments(query, through=True))
         else:
-            attached = asyncio.ensure_future(self._attachments(query))
+            attached = asyncio.ensure_future(self._attachments(query, through=False))
         try:
             if not query.kinds and asks_for_overview(query.text):
                 overview = await self._overview(query, scopes, params, now)
@@ -311,7 +316,7 @@ class SearchPipeline:
                     overview.summary, overview.profile = await attached
                     overview.timings.total_ms = _ms(started)
                     return overview
-            result = await self._ranked(query, scopes, params, now)
+            result = await self._ranked(query, scopes, params, now, urgent=interactive)
         except BaseException:
             # The original failure is the one to report, not the attachment's.
             attached.cancel()
@@ -323,7 +328,13 @@ class SearchPipeline:
         return result
 
     async def _ranked(
-        self, query: SearchQuery, scopes: list[Scope], params: RankingParams, now: datetime
+        self,
+        query: SearchQuery,
+        scopes: list[Scope],
+        params: RankingParams,
+        now: datetime,
+        *,
+        urgent: bool = True,
     ) -> Ranked:
         timings = Timings()
         attrs: dict[str, AttributeValue] = {
@@ -337,7 +348,7 @@ class SearchPipeline:
             # members are noise (dev R@10 76.4 -> 75.0; docs/retrieval.md).
             if self.category_expansion and is_about_the_user(query.text):
                 text = expand_categories(text)
-            encoded = await self.encoder.encode_one(text, urgent=True)
+            encoded = await self.encoder.encode_one(text, urgent=urgent)
             sparse_query = self.lexical.query(text) if self.candidates != "dense" else None
             timings.embed_ms = _ms(t)
             span.set_attribute(semconv.ENGRAM_EMBEDDING_MODEL, self.embedder.model_id)
@@ -471,11 +482,11 @@ class SearchPipeline:
     # -- what is attached ----------------------------------------------------------------
 
     async def _attachments(
-        self, query: SearchQuery
+        self, query: SearchQuery, *, through: bool
     ) -> tuple[StoredPoint | None, list[StoredPoint]]:
         if not query.attachments:
             return None, []
-        if self.runs_through:
+        if through:
             return await self._summary(query), await self._profile(query)
         summary, profile = await asyncio.gather(self._summary(query), self._profile(query))
         return summary, profile

@@ -240,7 +240,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def Search(
         self, request: pb.SearchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SearchResponse:
-        ranked = await self.pipeline.run(codec.search_query(request))
+        ranked = await self.pipeline.run(
+            codec.search_query(request), interactive=is_interactive(context.invocation_metadata())
+        )
         response = pb.SearchResponse(
             outcome=codec.OUTCOME_BY_NAME[ranked.outcome],
             candidates_considered=ranked.considered,
