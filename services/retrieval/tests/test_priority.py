@@ -58,10 +58,10 @@ async def test_the_gateways_search_holds_back_a_workers_call_until_it_is_answere
         pipeline = ret.server.servicer.pipeline
         real_run = pipeline.run
 
-        async def slow_run(query: SearchQuery, *, interactive: bool = True) -> Ranked:
+        async def slow_run(query: SearchQuery, **how: Any) -> Ranked:
             searching.set()
             await release.wait()
-            return await real_run(query, interactive=interactive)
+            return await real_run(query, **how)
 
         pipeline.run = slow_run  # type: ignore[method-assign]
         gateway = RetrievalClient(ret.server.address, timeout_s=30, interactive=True)
@@ -95,28 +95,7 @@ async def test_a_workers_search_embeds_off_the_loop_and_finds_what_the_chats_fin
     """A worker's Search embeds its query in the writes' thread, so the loop can start a
     chat's Search meanwhile; a chat's embeds on the loop. Both rank the same way."""
     async with running_retrieval(tmp_path / "data") as ret:
-        await ret.client.upsert(
-            pb.UpsertRequest(
-                tenant="acme",
-                memories=[
-                    pb.Memory(
-                        kind=pb.MEMORY_KIND_FACT,
-                        text=text,
-                        user_id="u1",
-                        conversation_id="c1",
-                        created_at=to_timestamp(datetime(2026, 11, day, tzinfo=UTC)),
-                    )
-                    for day, text in enumerate(
-                        [
-                            "User's cat is called Miso.",
-                            "User works as a nurse.",
-                            *(f"User visited town number {i} in spring." for i in range(24)),
-                        ],
-                        start=1,
-                    )
-                ],
-            )
-        )
+        await store_facts(ret.client)
         encoder = ret.server.servicer.pipeline.encoder
         embedder = encoder.embedder
         assert encoder.inline_searches  # the packaged, quantized embedder
@@ -130,12 +109,8 @@ async def test_a_workers_search_embeds_off_the_loop_and_finds_what_the_chats_fin
         embedder.encode = recording  # type: ignore[method-assign]
         gateway = RetrievalClient(ret.server.address, timeout_s=30, interactive=True)
         try:
-
-            def search(text: str) -> pb.SearchRequest:
-                return pb.SearchRequest(tenant="acme", query=text, user_id="u1", top_k=3)
-
-            chat = await gateway.search(search("which pets do I have?"))
-            worker = await ret.client.search(search("what pets do I have?"))
+            chat = await gateway.search(pets_query("which pets do I have?"))
+            worker = await ret.client.search(pets_query())
         finally:
             await gateway.close()
         loop_thread = threading.current_thread()
@@ -144,3 +119,65 @@ async def test_a_workers_search_embeds_off_the_loop_and_finds_what_the_chats_fin
         assert worker.outcome == chat.outcome == pb.SEARCH_OUTCOME_RANKED
         assert [h.memory.text for h in worker.hits] == [h.memory.text for h in chat.hits]
         assert worker.hits[0].memory.text == "User's cat is called Miso."
+
+
+async def store_facts(client: RetrievalClient) -> None:
+    """Enough facts of one user that a search ranks them (not a small store)."""
+    facts = [
+        "User's cat is called Miso.",
+        "User works as a nurse.",
+        *(f"User visited town number {i} in spring." for i in range(24)),
+    ]
+    await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                pb.Memory(
+                    kind=pb.MEMORY_KIND_FACT,
+                    text=text,
+                    user_id="u1",
+                    conversation_id="c1",
+                    created_at=to_timestamp(datetime(2026, 11, day, tzinfo=UTC)),
+                )
+                for day, text in enumerate(facts, start=1)
+            ],
+        )
+    )
+
+
+def pets_query(text: str = "what pets do I have?") -> pb.SearchRequest:
+    return pb.SearchRequest(tenant="acme", query=text, user_id="u1", top_k=3)
+
+
+async def test_between_steps_a_background_call_waits_for_the_interactive_ones() -> None:
+    gate = InteractiveFirst(max_wait_s=5.0)
+    await asyncio.wait_for(gate.between_steps(), 0.1)  # nothing in flight: it goes on
+    async with gate.interactive():
+        paused = asyncio.create_task(gate.between_steps())
+        await asyncio.sleep(0.05)
+        assert not paused.done()
+    await asyncio.wait_for(paused, 0.1)
+
+
+async def test_a_workers_search_pauses_between_its_stages_and_a_chats_does_not(
+    tmp_path: Path,
+) -> None:
+    async with running_retrieval(tmp_path / "data", retrieval_background_wait_ms=5000) as ret:
+        await store_facts(ret.client)
+        priority = ret.server.servicer.priority
+        real_pause = priority.between_steps
+        pauses: list[str] = []
+
+        async def recording() -> None:
+            pauses.append("pause")
+            await real_pause()
+
+        priority.between_steps = recording  # type: ignore[method-assign]
+        gateway = RetrievalClient(ret.server.address, timeout_s=30, interactive=True)
+        try:
+            await gateway.search(pets_query())
+            assert pauses == []  # a chat's Search runs its stages back to back
+            await ret.client.search(pets_query("which pets do I have?"))
+            assert pauses == ["pause"] * 3  # before candidates, rerank and MMR
+        finally:
+            await gateway.close()

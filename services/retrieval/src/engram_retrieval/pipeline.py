@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -144,6 +144,10 @@ def _unit_interval(name: str, value: float | None, default: float) -> float:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
+
+
+async def _no_pause() -> None:
+    """An interactive search runs its stages back to back."""
 
 
 def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
@@ -289,11 +293,18 @@ class SearchPipeline:
 
     # -- the pipeline --------------------------------------------------------------------
 
-    async def run(self, query: SearchQuery, *, interactive: bool = True) -> Ranked:
+    async def run(
+        self,
+        query: SearchQuery,
+        *,
+        interactive: bool = True,
+        pause: Callable[[], Awaitable[None]] | None = None,
+    ) -> Ranked:
         """``interactive``: someone waits for this search (a chat's recall). Any other
         (a worker's duplicate check) embeds its query in the writes' thread and gives
-        the loop away while it waits, so a chat's search that arrives meanwhile starts
-        at once instead of after it (docs/retrieval.md, "Background searches")."""
+        the loop away while it waits, and awaits ``pause`` between its stages, so a
+        chat's search that arrives meanwhile starts then instead of after the whole of
+        it (docs/retrieval.md, "Background searches")."""
         started = time.perf_counter()
         through = self.runs_through and interactive
         if not query.tenant.strip():
@@ -316,7 +327,9 @@ class SearchPipeline:
                     overview.summary, overview.profile = await attached
                     overview.timings.total_ms = _ms(started)
                     return overview
-            result = await self._ranked(query, scopes, params, now, urgent=interactive)
+            result = await self._ranked(
+                query, scopes, params, now, urgent=interactive, pause=pause or _no_pause
+            )
         except BaseException:
             # The original failure is the one to report, not the attachment's.
             attached.cancel()
@@ -335,6 +348,7 @@ class SearchPipeline:
         now: datetime,
         *,
         urgent: bool = True,
+        pause: Callable[[], Awaitable[None]],
     ) -> Ranked:
         timings = Timings()
         attrs: dict[str, AttributeValue] = {
@@ -353,6 +367,7 @@ class SearchPipeline:
             timings.embed_ms = _ms(t)
             span.set_attribute(semconv.ENGRAM_EMBEDDING_MODEL, self.embedder.model_id)
 
+        await pause()
         with self.tracer.start_as_current_span("candidates", attributes=attrs) as span:
             t = time.perf_counter()
             raw, limits = await self._candidate_pools(encoded.dense, scopes, params, sparse_query)
@@ -368,6 +383,7 @@ class SearchPipeline:
             span.set_attribute(semconv.ENGRAM_CANDIDATE_SOURCES, self.candidates)
             span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
 
+        await pause()
         with self.tracer.start_as_current_span("rerank", attributes=attrs) as span:
             t = time.perf_counter()
             relevance, order, scorer_name, late_used = await self._relevance(
@@ -378,6 +394,7 @@ class SearchPipeline:
             span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
             span.set_attribute(semconv.ENGRAM_LATE_INTERACTION, late_used)
 
+        await pause()
         with self.tracer.start_as_current_span("mmr", attributes=attrs) as span:
             t = time.perf_counter()
             result = rank(

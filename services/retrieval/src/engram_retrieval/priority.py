@@ -46,6 +46,13 @@ class InteractiveFirst:
             if not self.in_flight:
                 self._idle.set()
 
+    async def between_steps(self) -> None:
+        """A background call's pause between two steps of its work: the loop first
+        serves what has arrived meanwhile (a chat's Search gets to start), then, while
+        an interactive call is in flight, this waits as :meth:`background` does."""
+        await asyncio.sleep(0)
+        await self.background()
+
     async def background(self) -> None:
         """Return once no interactive call is in flight, or after ``max_wait_s``."""
         if not self.in_flight or self.max_wait_s <= 0:

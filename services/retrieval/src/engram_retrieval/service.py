@@ -240,8 +240,11 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
     async def Search(
         self, request: pb.SearchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SearchResponse:
+        interactive = is_interactive(context.invocation_metadata())
         ranked = await self.pipeline.run(
-            codec.search_query(request), interactive=is_interactive(context.invocation_metadata())
+            codec.search_query(request),
+            interactive=interactive,
+            pause=None if interactive else self.priority.between_steps,
         )
         response = pb.SearchResponse(
             outcome=codec.OUTCOME_BY_NAME[ranked.outcome],
