@@ -7,17 +7,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from engram_core.codec import pb, to_timestamp
+from engram_core.codec import pb
 from engram_core.memory import SearchQuery
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Encoded
 from engram_retrieval.pipeline import Ranked
 from engram_retrieval.priority import InteractiveFirst
 from engram_testing.worker_stack import running_retrieval
+
+from .test_service import fact
 
 SEARCH = pb.SearchRequest(tenant="acme", query="what pets do I have?", user_id="u1")
 COUNT = pb.CountRequest(tenant="acme")
@@ -128,21 +129,8 @@ async def store_facts(client: RetrievalClient) -> None:
         "User works as a nurse.",
         *(f"User visited town number {i} in spring." for i in range(24)),
     ]
-    await client.upsert(
-        pb.UpsertRequest(
-            tenant="acme",
-            memories=[
-                pb.Memory(
-                    kind=pb.MEMORY_KIND_FACT,
-                    text=text,
-                    user_id="u1",
-                    conversation_id="c1",
-                    created_at=to_timestamp(datetime(2026, 11, day, tzinfo=UTC)),
-                )
-                for day, text in enumerate(facts, start=1)
-            ],
-        )
-    )
+    memories = [fact(text, days_ago=len(facts) - i) for i, text in enumerate(facts)]
+    await client.upsert(pb.UpsertRequest(tenant="acme", memories=memories))
 
 
 def pets_query(text: str = "what pets do I have?") -> pb.SearchRequest:
