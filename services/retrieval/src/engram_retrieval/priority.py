@@ -8,7 +8,8 @@ pauses (the query's embedding) and delays it. A caller marks its calls interacti
 waiting on a chat); while one is in flight, any other call waits before it starts,
 until no interactive call is left or ``max_wait_s`` has passed, so the write path is
 slowed under a stream of chats but never stopped. Calls already running are not
-interrupted.
+interrupted, except that a worker's Search pauses the same way between its stages
+(:meth:`InteractiveFirst.between_steps`; docs/retrieval.md, "Background searches").
 """
 
 from __future__ import annotations
