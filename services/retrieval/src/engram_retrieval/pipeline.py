@@ -19,6 +19,7 @@ answered with the user's current facts and conversation summaries, newest first
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
@@ -159,7 +160,7 @@ def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
     policy = find_kind(kind)
     chat_message = policy is not None and policy.chat_message
     conversation = str(payload.get("conversation_id", ""))
-    created_at = parse_ts(point.created_at)
+    created_at, day = _stamp(point.created_at)
     return Candidate(
         id=point.id,
         scope=scope,
@@ -174,11 +175,17 @@ def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
         source_ids=tuple(payload.get("source_turn_ids") or ()),
         corrected=chat_message and is_corrected(metadata),
         turn=(conversation, int(payload.get("turn_index") or 0)) if chat_message else None,
-        session=(
-            (conversation, created_at.astimezone(UTC).date().isoformat()) if chat_message else None
-        ),
+        session=(conversation, day) if chat_message else None,
         speaker=str(metadata.get("speaker") or ""),
     )
+
+
+@functools.lru_cache(maxsize=8192)
+def _stamp(created_at: str) -> tuple[datetime, str]:
+    """A stored creation time and its UTC day, parsed once: the same points come back
+    search after search (a pool is about a hundred of them)."""
+    parsed = parse_ts(created_at)
+    return parsed, parsed.astimezone(UTC).date().isoformat()
 
 
 def display_text(payload: dict[str, Any]) -> str:
