@@ -147,10 +147,6 @@ def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
-async def _no_pause() -> None:
-    """An interactive search runs its stages back to back."""
-
-
 def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
     """A store hit as the ranking sees it, with the signals read from its payload once."""
     assert point.vector is not None, "search results carry vectors"
@@ -304,16 +300,15 @@ class SearchPipeline:
         self,
         query: SearchQuery,
         *,
-        interactive: bool = True,
         pause: Callable[[], Awaitable[None]] | None = None,
     ) -> Ranked:
-        """``interactive``: someone waits for this search (a chat's recall). Any other
-        (a worker's duplicate check) embeds its query in the writes' thread and gives
-        the loop away while it waits, and awaits ``pause`` between its stages, so a
-        chat's search that arrives meanwhile starts then instead of after the whole of
-        it (docs/retrieval.md, "Background searches")."""
+        """``pause``: given for a search nobody waits for (a worker's duplicate check),
+        which embeds its query in the writes' thread, gives the loop away while it
+        waits, and awaits ``pause`` between its stages, so a chat's search that arrives
+        meanwhile starts then instead of after the whole of it (docs/retrieval.md,
+        "Background searches"). Without it the search is a chat's."""
         started = time.perf_counter()
-        through = self.runs_through and interactive
+        through = self.runs_through and pause is None
         if not query.tenant.strip():
             raise RequestError("tenant is required")
         if not query.text.strip():
@@ -334,9 +329,7 @@ class SearchPipeline:
                     overview.summary, overview.profile = await attached
                     overview.timings.total_ms = _ms(started)
                     return overview
-            result = await self._ranked(
-                query, scopes, params, now, urgent=interactive, pause=pause or _no_pause
-            )
+            result = await self._ranked(query, scopes, params, now, pause=pause)
         except BaseException:
             # The original failure is the one to report, not the attachment's.
             attached.cancel()
@@ -354,8 +347,7 @@ class SearchPipeline:
         params: RankingParams,
         now: datetime,
         *,
-        urgent: bool = True,
-        pause: Callable[[], Awaitable[None]],
+        pause: Callable[[], Awaitable[None]] | None = None,
     ) -> Ranked:
         timings = Timings()
         attrs: dict[str, AttributeValue] = {
@@ -369,12 +361,13 @@ class SearchPipeline:
             # members are noise (dev R@10 76.4 -> 75.0; docs/retrieval.md).
             if self.category_expansion and is_about_the_user(query.text):
                 text = expand_categories(text)
-            encoded = await self.encoder.encode_one(text, urgent=urgent)
+            encoded = await self.encoder.encode_one(text, urgent=pause is None)
             sparse_query = self.lexical.query(text) if self.candidates != "dense" else None
             timings.embed_ms = _ms(t)
             span.set_attribute(semconv.ENGRAM_EMBEDDING_MODEL, self.embedder.model_id)
 
-        await pause()
+        if pause is not None:
+            await pause()
         with self.tracer.start_as_current_span("candidates", attributes=attrs) as span:
             t = time.perf_counter()
             raw, limits = await self._candidate_pools(encoded.dense, scopes, params, sparse_query)
@@ -390,7 +383,8 @@ class SearchPipeline:
             span.set_attribute(semconv.ENGRAM_CANDIDATE_SOURCES, self.candidates)
             span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
 
-        await pause()
+        if pause is not None:
+            await pause()
         with self.tracer.start_as_current_span("rerank", attributes=attrs) as span:
             t = time.perf_counter()
             relevance, order, scorer_name, late_used = await self._relevance(
@@ -401,7 +395,8 @@ class SearchPipeline:
             span.set_attribute(semconv.ENGRAM_CANDIDATES, len(candidates))
             span.set_attribute(semconv.ENGRAM_LATE_INTERACTION, late_used)
 
-        await pause()
+        if pause is not None:
+            await pause()
         with self.tracer.start_as_current_span("mmr", attributes=attrs) as span:
             t = time.perf_counter()
             result = rank(

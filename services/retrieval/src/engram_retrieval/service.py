@@ -241,11 +241,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self, request: pb.SearchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SearchResponse:
         interactive = is_interactive(context.invocation_metadata())
-        ranked = await self.pipeline.run(
-            codec.search_query(request),
-            interactive=interactive,
-            pause=None if interactive else self.priority.between_steps,
-        )
+        pause = None if interactive else self.priority.between_steps
+        ranked = await self.pipeline.run(codec.search_query(request), pause=pause)
         response = pb.SearchResponse(
             outcome=codec.OUTCOME_BY_NAME[ranked.outcome],
             candidates_considered=ranked.considered,
