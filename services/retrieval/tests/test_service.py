@@ -163,6 +163,40 @@ async def test_repeated_upsert_is_unchanged_and_no_duplicate(client: RetrievalCl
     assert (await client.count(pb.CountRequest(tenant="acme"))).count == 4
 
 
+async def test_a_rewritten_memory_is_ranked_by_what_it_now_says(client: RetrievalClient) -> None:
+    """Retrieval remembers what each searched memory's payload says (its text, kind,
+    turn) between searches; a memory written again is read afresh. Here the second fact
+    is rewritten to repeat the first, so the two are now one statement, recalled once."""
+    stored = await client.upsert(
+        pb.UpsertRequest(
+            tenant="acme",
+            memories=[
+                fact("My sister lives in Lisbon.", days_ago=2),
+                fact("My brother lives in Porto.", days_ago=1),
+            ],
+        )
+    )
+    sister, brother = (r.id for r in stored.results)
+
+    async def recalled() -> list[str]:
+        reply = await client.search(
+            pb.SearchRequest(
+                tenant="acme",
+                query="Where does my family live?",
+                user_id="u1",
+                conversation_id="c1",
+                score_threshold=0.0,
+            )
+        )
+        return [hit.memory.id for hit in reply.hits]
+
+    assert sorted(await recalled()) == sorted([sister, brother])
+    rewritten = fact("My sister lives in Lisbon.", days_ago=1, id=brother)
+    reply = await client.upsert(pb.UpsertRequest(tenant="acme", memories=[rewritten]))
+    assert reply.results[0].status == pb.UPSERT_STATUS_UPDATED
+    assert len(await recalled()) == 1  # identical statements of one owner: merged
+
+
 async def test_tenant_isolation(client: RetrievalClient) -> None:
     ids = await store_facts(client, "acme")
     get = await client.get(pb.GetRequest(tenant="evil", ids=ids[:2]))

@@ -34,6 +34,7 @@ from opentelemetry.util.types import AttributeValue
 from engram_core import semconv
 from engram_core.kinds import find_kind, kind_names, kind_policy
 from engram_core.lifecycle import is_corrected, summary_memory_id
+from engram_core.lru import LruCache
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
     GLOBAL_CONVERSATION,
@@ -150,22 +151,64 @@ def _ms(started: float) -> float:
 def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
     """A store hit as the ranking sees it, with the signals read from its payload once."""
     assert point.vector is not None, "search results carry vectors"
-    payload = point.payload
-    metadata = payload.get("metadata") or {}
-    kind = str(payload.get("kind", ""))
-    policy = find_kind(kind)
-    chat_message = policy is not None and policy.chat_message
-    conversation = str(payload.get("conversation_id", ""))
-    created_at, day = _stamp(point.created_at)
+    signals = _signals(point)
     return Candidate(
         id=point.id,
         scope=scope,
         dense=float(point.score or 0.0),
         sparse=point.sparse_score,
         vector=point.vector,
+        created_at=signals.created_at,
+        text=signals.text,
+        payload=point,
+        kind=signals.kind,
+        owner=signals.owner,
+        source_ids=signals.source_ids,
+        corrected=signals.corrected,
+        turn=signals.turn,
+        session=signals.session,
+        speaker=signals.speaker,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _PayloadSignals:
+    """What a candidate's ranking reads from its stored payload (the same for every
+    search that finds it)."""
+
+    created_at: datetime
+    text: str
+    kind: str
+    owner: tuple[str, str]
+    source_ids: tuple[str, ...]
+    corrected: bool
+    turn: tuple[str, int] | None
+    session: tuple[str, str] | None
+    speaker: str
+
+
+#: Point id -> (the payload read, its signals). The embedded store hands out the same
+#: payload object for a point search after search (its cache of searched points, as
+#: large as this one) and a new one once the point is written again, so an entry holds
+#: while its payload is the very object it was read from (it keeps that object alive,
+#: so the check is sound). A Qdrant server's payloads are new each time: never reused.
+_SIGNALS: LruCache[str, tuple[dict[str, Any], _PayloadSignals]] = LruCache(4096)
+
+
+def _signals(point: StoredPoint) -> _PayloadSignals:
+    payload = point.payload
+    cached = _SIGNALS.get(point.id)
+    if cached is not None and cached[0] is payload:
+        return cached[1]
+    metadata = payload.get("metadata") or {}
+    kind = str(payload.get("kind", ""))
+    policy = find_kind(kind)
+    chat_message = policy is not None and policy.chat_message
+    conversation = str(payload.get("conversation_id", ""))
+    created_at, day = _stamp(point.created_at)
+    signals = _PayloadSignals(
         created_at=created_at,
         text=payload.get("text") or display_text(payload),
-        payload=point,
         kind=kind,
         owner=(str(payload.get("user_id", "")), conversation),
         source_ids=tuple(payload.get("source_turn_ids") or ()),
@@ -174,6 +217,8 @@ def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
         session=(conversation, day) if chat_message else None,
         speaker=str(metadata.get("speaker") or ""),
     )
+    _SIGNALS.put(point.id, (payload, signals))
+    return signals
 
 
 @functools.lru_cache(maxsize=8192)

@@ -25,6 +25,7 @@ Given candidate pools (one per scope) and a relevance score per candidate:
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -440,8 +441,10 @@ def merge_pools(pools: Sequence[Sequence[Candidate]]) -> list[Candidate]:
     return merged
 
 
+@functools.lru_cache(maxsize=8192)
 def normalized_text(text: str) -> str:
-    """Whitespace collapsed, case folded: how two texts are judged identical."""
+    """Whitespace collapsed, case folded: how two texts are judged identical (memoised:
+    the same stored texts come back search after search)."""
     return " ".join(text.split()).casefold()
 
 
