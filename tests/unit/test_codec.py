@@ -13,6 +13,7 @@ from engram_core.codec import pb
 from engram_core.memory import (
     KIND_NAMES,
     MemoryFilter,
+    MemoryRecord,
     ScopeName,
     SearchOutcome,
     SearchQuery,
@@ -109,3 +110,36 @@ def test_a_memory_to_write_is_checked_field_by_field(memory: pb.Memory, message:
     with pytest.raises(codec.DecodeError) as refused:
         codec.record_to_write("a", memory, "memories[0]")
     assert message in refused.value.message
+
+
+def test_a_search_hit_decodes_to_what_it_says_now() -> None:
+    """Search replies' memories are decoded once per distinct content: a memory that
+    comes back unchanged is the same record, and any change to it (its text, a field a
+    worker set) is read afresh, never the record decoded before."""
+    memory = pb.Memory(
+        id="m1",
+        kind=pb.MEMORY_KIND_TURN,
+        text="My cat is called Miso.",
+        role="user",
+        user_id="u1",
+        conversation_id="c1",
+        created_at=codec.to_timestamp(T0),
+        tags=["pets"],
+    )
+
+    def decoded(memory: pb.Memory) -> MemoryRecord:
+        reply = pb.SearchResponse(hits=[pb.SearchHit(memory=memory)])
+        return codec.result_from_pb(reply).hits[0].memory
+
+    first = decoded(memory)
+    assert first == codec.record_from_pb(memory)
+    assert decoded(memory) is first
+    renamed = pb.Memory()
+    renamed.CopyFrom(memory)
+    renamed.text = "My cat is called Mochi."
+    assert decoded(renamed).text == "My cat is called Mochi."
+    superseded = pb.Memory()
+    superseded.CopyFrom(memory)
+    superseded.superseded_by = "m2"
+    assert decoded(superseded).superseded_by == "m2"
+    assert decoded(memory) == first  # the first content still decodes as it did

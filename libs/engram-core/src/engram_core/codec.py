@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from engram_core import ids
 from engram_core.grpc_gen.engram.memory.v1 import memory_pb2 as pb
 from engram_core.grpc_gen.engram.memory.v1 import memory_pb2_grpc as pb_grpc
+from engram_core.lru import LruCache
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
     MemoryFilter,
@@ -375,10 +376,27 @@ def scores_to_pb(scores: Scores) -> pb.ScoreBreakdown:
     return message
 
 
+#: Memories of search replies, decoded, by their encoded bytes: the same memories come
+#: back search after search (a chat's reply carries about 27), and equal bytes decode to
+#: an equal record. Records are frozen, and nothing changes one's lists or metadata in
+#: place, so one decoded record can be handed to every reply that carries it.
+_SEARCHED: LruCache[bytes, MemoryRecord] = LruCache(4096)
+
+
+def searched_record(memory: pb.Memory) -> MemoryRecord:
+    """``record_from_pb`` of a search hit's memory, decoded once per distinct content."""
+    key = memory.SerializeToString(deterministic=True)
+    record = _SEARCHED.get(key)
+    if record is None:
+        record = record_from_pb(memory)
+        _SEARCHED.put(key, record)
+    return record
+
+
 def _hit(hit: pb.SearchHit) -> SearchHit:
     s = hit.scores
     return SearchHit(
-        memory=record_from_pb(hit.memory),
+        memory=searched_record(hit.memory),
         scores=Scores(
             dense=float(s.dense),
             sparse=float(s.sparse) if s.HasField("sparse") else None,
