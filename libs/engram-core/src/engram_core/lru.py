@@ -1,8 +1,9 @@
 """A bounded map that forgets the least recently used entry first (pure; no I/O).
 
-The caches of the services are this one map: retrieval's recently embedded texts and
-converted search vectors, the summarize worker's episode boundaries, the gateway's
-recently written user names. Safe across threads (retrieval reads vectors on the event
+The caches of the services are this one map: retrieval's recently embedded texts,
+converted search vectors and what searched points' payloads say, the summarize worker's
+episode boundaries, the gateway's recently written user names, the decoded memories of
+search replies. Safe across threads (retrieval reads vectors on the event
 loop and on the store's thread); the lock costs well under a microsecond a call.
 """
 
