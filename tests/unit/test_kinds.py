@@ -104,7 +104,8 @@ def test_a_kind_never_searched_is_not_searched_by_default() -> None:
 
 def pipeline() -> SearchPipeline:
     unused = cast(Any, None)
-    return SearchPipeline(unused, unused, unused, RankingParams())
+    store = cast(Any, SimpleNamespace(reads_inline=True, kept_search_points=0))
+    return SearchPipeline(store, unused, unused, RankingParams())
 
 
 def test_a_search_naming_no_kinds_searches_the_rows_searched_by_default() -> None:

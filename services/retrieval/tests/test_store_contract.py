@@ -684,6 +684,28 @@ async def test_an_edge_search_reads_a_point_back_once_until_it_is_written(
         await store.close()
 
 
+async def test_a_store_keeps_handing_out_a_searched_point_only_until_it_is_written(
+    store: MemoryStore,
+) -> None:
+    """What ``kept_search_points`` promises (the ranking keeps what a payload says while
+    its object is the same, pipeline.SignalsOfSearchedPoints): a store that keeps
+    searched points hands the same payload object out again, and a new one once the
+    point is written; one that keeps none makes a new object every read."""
+    await store.upsert("a", [point(1, vector=[1, 0, 0, 0])])
+    query = np.array([1, 0, 0, 0], dtype=np.float32)
+
+    async def payload() -> dict[str, Any]:
+        (found,) = await store.search(query, [PointFilter(tenant="a")], limit=5)
+        return found[0].payload
+
+    first = await payload()
+    assert (await payload() is first) == (store.kept_search_points > 0)
+    await store.upsert("a", [point(1, vector=[1, 0, 0, 0], text="memory 1, corrected")])
+    rewritten = await payload()
+    assert rewritten is not first
+    assert rewritten["text"] == "memory 1, corrected"
+
+
 async def test_an_edge_store_without_a_point_cache_reads_every_search_back(
     tmp_path: Path,
 ) -> None:
@@ -697,6 +719,7 @@ async def test_an_edge_store_without_a_point_cache_reads_every_search_back(
             assert [p.id for p in found] == [pid(1)]
         assert counting.retrieved == [{pid(1)}, {pid(1)}]
         assert len(store.search_points) == 0
+        assert store.kept_search_points == 0
     finally:
         await store.close()
 

@@ -148,10 +148,9 @@ def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
 
 
-def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
-    """A store hit as the ranking sees it, with the signals read from its payload once."""
+def candidate(point: StoredPoint, scope: ScopeName, signals: PayloadSignals) -> Candidate:
+    """A store hit as the ranking sees it; ``signals``: what its payload says."""
     assert point.vector is not None, "search results carry vectors"
-    signals = _signals(point)
     return Candidate(
         id=point.id,
         scope=scope,
@@ -172,7 +171,7 @@ def candidate(point: StoredPoint, scope: ScopeName) -> Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class _PayloadSignals:
+class PayloadSignals:
     """What a candidate's ranking reads from its stored payload (the same for every
     search that finds it)."""
 
@@ -186,39 +185,46 @@ class _PayloadSignals:
     session: tuple[str, str] | None
     speaker: str
 
+    @classmethod
+    def of(cls, payload: dict[str, Any], created_at: str) -> PayloadSignals:
+        metadata = payload.get("metadata") or {}
+        kind = str(payload.get("kind", ""))
+        policy = find_kind(kind)
+        chat_message = policy is not None and policy.chat_message
+        conversation = str(payload.get("conversation_id", ""))
+        said, day = _stamp(created_at)
+        return cls(
+            created_at=said,
+            text=payload.get("text") or display_text(payload),
+            kind=kind,
+            owner=(str(payload.get("user_id", "")), conversation),
+            source_ids=tuple(payload.get("source_turn_ids") or ()),
+            corrected=chat_message and is_corrected(metadata),
+            turn=(conversation, int(payload.get("turn_index") or 0)) if chat_message else None,
+            session=(conversation, day) if chat_message else None,
+            speaker=str(metadata.get("speaker") or ""),
+        )
 
-#: Point id -> (the payload read, its signals). The embedded store hands out the same
-#: payload object for a point search after search (its cache of searched points, as
-#: large as this one) and a new one once the point is written again, so an entry holds
-#: while its payload is the very object it was read from (it keeps that object alive,
-#: so the check is sound). A Qdrant server's payloads are new each time: never reused.
-_SIGNALS: LruCache[str, tuple[dict[str, Any], _PayloadSignals]] = LruCache(4096)
 
+class SignalsOfSearchedPoints:
+    """Each searched point's :class:`PayloadSignals`, read once while the store hands out
+    the same payload object for it (``MemoryStore.kept_search_points``: the embedded
+    shard's cache of searched points, which makes a new object once the point is written
+    again). An entry holds while its payload is the very object it was read from; it
+    keeps that object alive, so the check is sound. As large as the store's cache, so a
+    server's store (which keeps none) keeps nothing here either."""
 
-def _signals(point: StoredPoint) -> _PayloadSignals:
-    payload = point.payload
-    cached = _SIGNALS.get(point.id)
-    if cached is not None and cached[0] is payload:
-        return cached[1]
-    metadata = payload.get("metadata") or {}
-    kind = str(payload.get("kind", ""))
-    policy = find_kind(kind)
-    chat_message = policy is not None and policy.chat_message
-    conversation = str(payload.get("conversation_id", ""))
-    created_at, day = _stamp(point.created_at)
-    signals = _PayloadSignals(
-        created_at=created_at,
-        text=payload.get("text") or display_text(payload),
-        kind=kind,
-        owner=(str(payload.get("user_id", "")), conversation),
-        source_ids=tuple(payload.get("source_turn_ids") or ()),
-        corrected=chat_message and is_corrected(metadata),
-        turn=(conversation, int(payload.get("turn_index") or 0)) if chat_message else None,
-        session=(conversation, day) if chat_message else None,
-        speaker=str(metadata.get("speaker") or ""),
-    )
-    _SIGNALS.put(point.id, (payload, signals))
-    return signals
+    def __init__(self, capacity: int) -> None:
+        self._read: LruCache[str, tuple[dict[str, Any], PayloadSignals]] = LruCache(capacity)
+
+    def of(self, point: StoredPoint) -> PayloadSignals:
+        payload = point.payload
+        cached = self._read.get(point.id)
+        if cached is not None and cached[0] is payload:
+            return cached[1]
+        signals = PayloadSignals.of(payload, point.created_at)
+        self._read.put(point.id, (payload, signals))
+        return signals
 
 
 @functools.lru_cache(maxsize=8192)
@@ -285,6 +291,7 @@ class SearchPipeline:
         # from its first line to its reply without giving the loop away (a task or a
         # gather would let the workers' calls in between; encode_queue.py).
         self.runs_through = self.encoder.inline_searches and store.reads_inline
+        self.signals = SignalsOfSearchedPoints(store.kept_search_points)
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
         self.clock = clock or (lambda: datetime.now(UTC))
 
@@ -417,7 +424,7 @@ class SearchPipeline:
             t = time.perf_counter()
             raw, limits = await self._candidate_pools(encoded.dense, scopes, params, sparse_query)
             pools = [
-                [candidate(p, scope.name) for p in pool]
+                [candidate(p, scope.name, self.signals.of(p)) for p in pool]
                 for scope, pool in zip(scopes, raw, strict=True)
             ]
             candidates = merge_identical(merge_pools(pools))

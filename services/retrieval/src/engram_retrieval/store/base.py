@@ -203,6 +203,10 @@ class MemoryStore(Protocol):
     #: Reads run on the caller's thread and never wait on I/O (the embedded shard): two
     #: of them gain nothing from being awaited together. False for a server.
     reads_inline: bool
+    #: How many searched points a search hands out again as the very same objects, until
+    #: a point is written again (the embedded shard's cache of searched points); 0: every
+    #: read makes new ones (a server).
+    kept_search_points: int
 
     async def upsert(self, tenant: str, points: Sequence[StoredPoint]) -> None:
         """Insert or replace the tenant's points (each with payload and vector).

@@ -167,6 +167,7 @@ class EdgeStore:
         self.search_points: LruCache[int, StoredPoint] = LruCache(point_cache)
         self.late_interaction = late_interaction
         self.reads_inline = True
+        self.kept_search_points = point_cache
         self._executor = executor
         self.dim = dim
         self._closed = False

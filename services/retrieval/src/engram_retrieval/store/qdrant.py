@@ -94,6 +94,7 @@ class QdrantStore:
         self.dim = dim
         self.late_interaction = late_interaction
         self.reads_inline = False
+        self.kept_search_points = 0
 
     @classmethod
     async def open(
