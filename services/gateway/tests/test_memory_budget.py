@@ -379,6 +379,16 @@ def test_the_fast_estimate_counts_exactly_what_its_rules_say() -> None:
         assert estimate_tokens(text) == _estimate_piece_by_piece(text), text
 
 
+def test_ascii_text_is_counted_by_the_same_rules_whatever_its_characters() -> None:
+    # ASCII text (most memory messages) is counted without the pattern; every ASCII
+    # character, controls and the separators \x1c-\x1f included, counts as the rules say
+    rng = random.Random(11)
+    alphabet = [chr(c) for c in range(128)] + list("abcdefgh ") * 8
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))
+        assert estimate_tokens(text) == _estimate_piece_by_piece(text), repr(text)
+
+
 def test_the_estimate_of_english_words_is_one_token_per_seven_letters_begun() -> None:
     assert estimate_tokens("dog") == 1
     assert estimate_tokens("painted") == 1

@@ -29,6 +29,19 @@ _WIDE_CHAR_TOKENS = 1.5
 #: A word of up to seven characters (a longer one is matched in seven-character pieces)
 #: or a punctuation mark: for ASCII text, one match is one token of the estimate.
 _ASCII_TOKEN = re.compile(rf"\w{{1,{_CHARS_PER_WORD_TOKEN}}}|[^\w\s]")
+#: ASCII text counted without the pattern (3x faster, the same count): its marks (neither
+#: word characters nor whitespace) one each, and its words, split apart at the marks,
+#: one per seven characters begun.
+_ASCII_MARKS_DROPPED = str.maketrans(
+    {
+        chr(c): None
+        for c in range(128)
+        if not (chr(c).isalnum() or chr(c) in "_ \t\n\v\f\r\x1c\x1d\x1e\x1f")
+    }
+)
+_ASCII_MARKS_AS_SPACE = str.maketrans(
+    {chr(c): " " for c in range(128) if not (chr(c).isalnum() or chr(c) == "_")}
+)
 #: A word with a non-ASCII letter in it, or a non-ASCII mark: the pieces counted apart.
 _NON_ASCII_PIECE = re.compile(r"\w*[^\W\x00-\x7f]\w*|[^\w\s\x00-\x7f]")
 #: Tokens a memory note is counted at when asking retrieval for hits: a date, a label and
@@ -69,13 +82,23 @@ def _non_ascii_tokens(piece: str) -> int:
 
 def estimate_tokens(text: str) -> int:
     """Tokens a BPE or WordPiece tokenizer would make of ``text``, approximately."""
-    tokens = len(_ASCII_TOKEN.findall(text))
     if text.isascii():
-        return tokens
+        return _ascii_tokens(text)
+    tokens = len(_ASCII_TOKEN.findall(text))
     # the pieces with a non-ASCII character, counted by their own rule instead
     for piece in _NON_ASCII_PIECE.findall(text):
         tokens += _non_ascii_tokens(piece) - len(_ASCII_TOKEN.findall(piece))
     return tokens
+
+
+def _ascii_tokens(text: str) -> int:
+    """``len(_ASCII_TOKEN.findall(text))`` of an ASCII text, without a string per match
+    (the gateway costs every line of a memory message)."""
+    marks = len(text) - len(text.translate(_ASCII_MARKS_DROPPED))
+    words = text.translate(_ASCII_MARKS_AS_SPACE).split()
+    return marks + sum(
+        (len(word) + _CHARS_PER_WORD_TOKEN - 1) // _CHARS_PER_WORD_TOKEN for word in words
+    )
 
 
 def hits_for_budget(max_tokens: int, cap: int | None) -> int:
