@@ -197,6 +197,34 @@ async def test_a_rewritten_memory_is_ranked_by_what_it_now_says(client: Retrieva
     assert len(await recalled()) == 1  # identical statements of one owner: merged
 
 
+async def test_a_rewritten_memory_is_returned_as_it_now_reads(client: RetrievalClient) -> None:
+    """The reply's message of a searched memory is encoded once and reused while the
+    memory is unchanged; once it is written again, the next search returns what it now
+    says, not the message encoded before."""
+    stored = await client.upsert(
+        pb.UpsertRequest(tenant="acme", memories=[fact("My sister lives in Lisbon.", days_ago=2)])
+    )
+    (sister,) = (r.id for r in stored.results)
+
+    async def hit_texts() -> dict[str, str]:
+        reply = await client.search(
+            pb.SearchRequest(
+                tenant="acme",
+                query="Where does my sister live?",
+                user_id="u1",
+                conversation_id="c1",
+                score_threshold=0.0,
+            )
+        )
+        return {hit.memory.id: hit.memory.text for hit in reply.hits}
+
+    assert await hit_texts() == {sister: "My sister lives in Lisbon."}
+    assert await hit_texts() == {sister: "My sister lives in Lisbon."}  # served again
+    moved = fact("My sister lives in Madrid.", days_ago=1, id=sister)
+    await client.upsert(pb.UpsertRequest(tenant="acme", memories=[moved]))
+    assert await hit_texts() == {sister: "My sister lives in Madrid."}
+
+
 async def test_tenant_isolation(client: RetrievalClient) -> None:
     ids = await store_facts(client, "acme")
     get = await client.get(pb.GetRequest(tenant="evil", ids=ids[:2]))

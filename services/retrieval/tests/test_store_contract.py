@@ -687,10 +687,10 @@ async def test_an_edge_search_reads_a_point_back_once_until_it_is_written(
 async def test_a_store_keeps_handing_out_a_searched_point_only_until_it_is_written(
     store: MemoryStore,
 ) -> None:
-    """What ``kept_search_points`` promises (the ranking keeps what a payload says while
-    its object is the same, pipeline.SignalsOfSearchedPoints): a store that keeps
-    searched points hands the same payload object out again, and a new one once the
-    point is written; one that keeps none makes a new object every read."""
+    """What ``kept_search_points`` promises (the ranking keeps what a payload says, and
+    the reply its message, while its object is the same: store.PerSearchedPoint): a
+    store that keeps searched points hands the same payload object out again, and a new
+    one once the point is written; one that keeps none makes a new object every read."""
     await store.upsert("a", [point(1, vector=[1, 0, 0, 0])])
     query = np.array([1, 0, 0, 0], dtype=np.float32)
 

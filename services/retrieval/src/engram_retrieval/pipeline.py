@@ -34,7 +34,6 @@ from opentelemetry.util.types import AttributeValue
 from engram_core import semconv
 from engram_core.kinds import find_kind, kind_names, kind_policy
 from engram_core.lifecycle import is_corrected, summary_memory_id
-from engram_core.lru import LruCache
 from engram_core.memory import (
     DEFAULT_CONVERSATION,
     GLOBAL_CONVERSATION,
@@ -69,7 +68,7 @@ from engram_retrieval.ranking import (
     total_score,
 )
 from engram_retrieval.relevance import PoolSignals, RelevanceScorer
-from engram_retrieval.store import MemoryStore, PointFilter, StoredPoint
+from engram_retrieval.store import MemoryStore, PerSearchedPoint, PointFilter, StoredPoint
 from engram_retrieval.temporal import query_window
 
 DEFAULT_SEARCH_KINDS = kind_names(lambda k: k.searched_by_default)
@@ -206,25 +205,8 @@ class PayloadSignals:
         )
 
 
-class SignalsOfSearchedPoints:
-    """Each searched point's :class:`PayloadSignals`, read once while the store hands out
-    the same payload object for it (``MemoryStore.kept_search_points``: the embedded
-    shard's cache of searched points, which makes a new object once the point is written
-    again). An entry holds while its payload is the very object it was read from; it
-    keeps that object alive, so the check is sound. As large as the store's cache, so a
-    server's store (which keeps none) keeps nothing here either."""
-
-    def __init__(self, capacity: int) -> None:
-        self._read: LruCache[str, tuple[dict[str, Any], PayloadSignals]] = LruCache(capacity)
-
-    def of(self, point: StoredPoint) -> PayloadSignals:
-        payload = point.payload
-        cached = self._read.get(point.id)
-        if cached is not None and cached[0] is payload:
-            return cached[1]
-        signals = PayloadSignals.of(payload, point.created_at)
-        self._read.put(point.id, (payload, signals))
-        return signals
+def _signals_of(point: StoredPoint) -> PayloadSignals:
+    return PayloadSignals.of(point.payload, point.created_at)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -291,7 +273,7 @@ class SearchPipeline:
         # from its first line to its reply without giving the loop away (a task or a
         # gather would let the workers' calls in between; encode_queue.py).
         self.runs_through = self.encoder.inline_searches and store.reads_inline
-        self.signals = SignalsOfSearchedPoints(store.kept_search_points)
+        self.signals = PerSearchedPoint(store.kept_search_points, _signals_of)
         self.tracer = tracer or trace.get_tracer("engram.retrieval")
         self.clock = clock or (lambda: datetime.now(UTC))
 

@@ -40,6 +40,7 @@ from engram_retrieval.store import (
     ForeignIdError,
     MemoryStore,
     PageCursor,
+    PerSearchedPoint,
     PointFilter,
     StoredPoint,
     StoreError,
@@ -224,6 +225,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         self.priority = InteractiveFirst(background_wait_s)
         self.embedder = embedder
         self.pipeline = pipeline
+        # A hit's message, encoded once per payload the store hands out (pipeline.signals
+        # does the same for the ranking)
+        self.searched_memory = PerSearchedPoint(store.kept_search_points, _memory)
         self.writer = MemoryWriter(
             store,
             embedder,
@@ -252,7 +256,7 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             scores = Scores(hit.dense, hit.sparse, hit.relevance, hit.recency, hit.total, hit.mmr)
             response.hits.append(
                 pb.SearchHit(
-                    memory=_memory(hit.point),
+                    memory=self.searched_memory.of(hit.point),
                     scores=codec.scores_to_pb(scores),
                     scope=codec.SCOPE_BY_NAME[hit.scope],
                 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -191,6 +191,32 @@ class PageCursor:
 class Page:
     points: list[StoredPoint] = field(default_factory=list)
     next: PageCursor | None = None
+
+
+T = TypeVar("T")
+
+
+class PerSearchedPoint(Generic[T]):
+    """What is made of a searched point (the ranking's signals, the reply's message),
+    made once while the store hands out the same payload object for it
+    (``MemoryStore.kept_search_points``: the embedded shard's cache of searched points
+    makes a new object once the point is written again). An entry holds while its
+    payload is the very object it was made from; it keeps that object alive, so the
+    check is sound. As large as the store's cache: a server's store, which keeps none,
+    keeps nothing here either."""
+
+    def __init__(self, capacity: int, make: Callable[[StoredPoint], T]) -> None:
+        self._made: LruCache[str, tuple[dict[str, Any], T]] = LruCache(capacity)
+        self._make = make
+
+    def of(self, point: StoredPoint) -> T:
+        payload = point.payload
+        cached = self._made.get(point.id)
+        if cached is not None and cached[0] is payload:
+            return cached[1]
+        made = self._make(point)
+        self._made.put(point.id, (payload, made))
+        return made
 
 
 class MemoryStore(Protocol):
