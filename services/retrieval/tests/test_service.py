@@ -86,6 +86,15 @@ async def store_facts(client: RetrievalClient, tenant: str = "acme") -> list[str
     return [r.id for r in reply.results]
 
 
+async def search_everything(client: RetrievalClient, query: str) -> pb.SearchResponse:
+    """u1's search in acme's conversation c1, every candidate passing the threshold."""
+    return await client.search(
+        pb.SearchRequest(
+            tenant="acme", query=query, user_id="u1", conversation_id="c1", score_threshold=0.0
+        )
+    )
+
+
 def span_attributes(exporter: InMemorySpanExporter) -> dict[str, Mapping[str, Any]]:
     """The attributes of each finished span, by span name."""
     return {s.name: s.attributes or {} for s in exporter.get_finished_spans()}
@@ -179,15 +188,7 @@ async def test_a_rewritten_memory_is_ranked_by_what_it_now_says(client: Retrieva
     sister, brother = (r.id for r in stored.results)
 
     async def recalled() -> list[str]:
-        reply = await client.search(
-            pb.SearchRequest(
-                tenant="acme",
-                query="Where does my family live?",
-                user_id="u1",
-                conversation_id="c1",
-                score_threshold=0.0,
-            )
-        )
+        reply = await search_everything(client, "Where does my family live?")
         return [hit.memory.id for hit in reply.hits]
 
     assert sorted(await recalled()) == sorted([sister, brother])
@@ -207,15 +208,7 @@ async def test_a_rewritten_memory_is_returned_as_it_now_reads(client: RetrievalC
     (sister,) = (r.id for r in stored.results)
 
     async def hit_texts() -> dict[str, str]:
-        reply = await client.search(
-            pb.SearchRequest(
-                tenant="acme",
-                query="Where does my sister live?",
-                user_id="u1",
-                conversation_id="c1",
-                score_threshold=0.0,
-            )
-        )
+        reply = await search_everything(client, "Where does my sister live?")
         return {hit.memory.id: hit.memory.text for hit in reply.hits}
 
     assert await hit_texts() == {sister: "My sister lives in Lisbon."}

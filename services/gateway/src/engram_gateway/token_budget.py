@@ -32,15 +32,19 @@ _ASCII_TOKEN = re.compile(rf"\w{{1,{_CHARS_PER_WORD_TOKEN}}}|[^\w\s]")
 #: ASCII text counted without the pattern (3x faster, the same count): its marks (neither
 #: word characters nor whitespace) one each, and its words, split apart at the marks,
 #: one per seven characters begun.
-_ASCII_MARKS_DROPPED = str.maketrans(
-    {
-        chr(c): None
+_ASCII_WORD_CHARS = {chr(c) for c in range(128) if chr(c).isalnum() or chr(c) == "_"}
+_ASCII_MARKS = (
+    {chr(c) for c in range(128)}
+    - _ASCII_WORD_CHARS
+    - {
+        chr(c)
         for c in range(128)
-        if not (chr(c).isalnum() or chr(c) in "_ \t\n\v\f\r\x1c\x1d\x1e\x1f")
+        if chr(c).isspace()  # what the pattern's \s matches
     }
 )
+_ASCII_MARKS_DROPPED = str.maketrans(dict.fromkeys(_ASCII_MARKS))
 _ASCII_MARKS_AS_SPACE = str.maketrans(
-    {chr(c): " " for c in range(128) if not (chr(c).isalnum() or chr(c) == "_")}
+    dict.fromkeys({chr(c) for c in range(128)} - _ASCII_WORD_CHARS, " ")
 )
 #: A word with a non-ASCII letter in it, or a non-ASCII mark: the pieces counted apart.
 _NON_ASCII_PIECE = re.compile(r"\w*[^\W\x00-\x7f]\w*|[^\w\s\x00-\x7f]")
