@@ -199,10 +199,11 @@ async def recall(
     dropped = drop_in_window(result, messages)
     budget = max_tokens if max_tokens is not None else getattr(query, "max_tokens", 0)
     today = now or datetime.now(UTC)
+    lines = Lines()  # the budget costs the lines the rendering then writes
     if budget:
-        result.hits = within_budget(result, budget, now=today, in_window=dropped)
+        result.hits = within_budget(result, budget, now=today, in_window=dropped, lines=lines)
     hits = [hit_json(hit, small_store=outcome == "small_store") for hit in result.hits]
-    text = render_memory(result, now=today, in_window=dropped)
+    text = render_memory(result, now=today, in_window=dropped, lines=lines)
     if text is None:
         return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome, search_ms=result.search_ms)
     message = {"role": "system", "content": text}
@@ -217,34 +218,76 @@ async def recall(
 
 
 def within_budget(
-    result: SearchResult, max_tokens: int, *, now: datetime, in_window: int = 0
+    result: SearchResult,
+    max_tokens: int,
+    *,
+    now: datetime,
+    in_window: int = 0,
+    lines: Lines | None = None,
 ) -> list[SearchHit]:
     """The hits, best first, that fit in ``max_tokens`` beside what is always attached
     (the summary, the profile, the headings), each costed as it will be rendered (a turn
     joining a note of its neighbours costs its own line only). A hit too long for what
-    is left is passed over, not the end: a shorter one after it may still fit."""
+    is left is passed over, not the end: a shorter one after it may still fit.
+    ``lines``: shared with :func:`render_memory`, which then writes the lines costed here."""
+    lines = lines or Lines()
     fixed = [*_attached_lines(result, now), _hits_heading(result, in_window)]
-    spent = sum(estimate_tokens(line) for line in fixed)
+    spent = sum(lines.cost(line) for line in fixed)
     notes: list[_CostedNote] = []
+    sessions: dict[tuple[object, ...], int] = {}  # a session's note, by its key
     kept: list[SearchHit] = []
     for hit in result.hits:
         memory = hit.memory
-        index = next((i for i, n in enumerate(notes) if _same_session(memory, n.turns[0])), None)
+        key = _session_key(memory)
+        index = sessions.get(key) if key is not None else None
         if index is None:
-            note = _CostedNote.alone(len(notes) + 1, memory)
+            note = _CostedNote.alone(len(notes) + 1, memory, lines)
             cost = note.cost
         else:
-            note = notes[index].joined(index + 1, memory)
+            note = notes[index].joined(index + 1, memory, lines)
             cost = note.cost - notes[index].cost
         if spent + cost > max_tokens:
             continue
         spent += cost
         if index is None:
+            if key is not None:
+                sessions[key] = len(notes)
             notes.append(note)
         else:
             notes[index] = note
         kept.append(hit)
     return kept
+
+
+class Lines:
+    """The lines of one memory message, each written and costed once: the budget costs
+    every line it may keep and the rendering writes the kept ones (quoting a stored text
+    and estimating its tokens are most of a recall's own time)."""
+
+    def __init__(self) -> None:
+        # keyed by the memory object: one recall's records, alive as long as this is
+        self._hit_lines: dict[tuple[int, int], str] = {}
+        self._turn_lines: dict[int, str] = {}
+        self._costs: dict[str, int] = {}
+
+    def hit(self, number: int, memory: MemoryRecord) -> str:
+        key = (number, id(memory))
+        line = self._hit_lines.get(key)
+        if line is None:
+            line = self._hit_lines[key] = _hit_line(number, memory)
+        return line
+
+    def turn(self, memory: MemoryRecord) -> str:
+        line = self._turn_lines.get(id(memory))
+        if line is None:
+            line = self._turn_lines[id(memory)] = _turn_line(memory)
+        return line
+
+    def cost(self, line: str) -> int:
+        tokens = self._costs.get(line)
+        if tokens is None:
+            tokens = self._costs[line] = estimate_tokens(line)
+        return tokens
 
 
 @dataclass(frozen=True)
@@ -259,10 +302,10 @@ class _CostedNote:
     cost: int
 
     @classmethod
-    def alone(cls, number: int, memory: MemoryRecord) -> _CostedNote:
-        return cls([memory], 0, 0, estimate_tokens(_hit_line(number, memory)))
+    def alone(cls, number: int, memory: MemoryRecord, lines: Lines) -> _CostedNote:
+        return cls([memory], 0, 0, lines.cost(lines.hit(number, memory)))
 
-    def joined(self, number: int, memory: MemoryRecord) -> _CostedNote:
+    def joined(self, number: int, memory: MemoryRecord, lines: Lines) -> _CostedNote:
         turns = self.turns
         at = bisect.bisect_right(turns, _said_order(memory), key=_said_order)
         before = turns[at - 1] if at else None
@@ -270,10 +313,10 @@ class _CostedNote:
         gaps = self.gaps + (before is not None and _gap_between(before, memory))
         gaps += after is not None and _gap_between(memory, after)
         gaps -= before is not None and after is not None and _gap_between(before, after)
-        line_costs = self.turn_line_costs or estimate_tokens(_turn_line(turns[0]))
-        line_costs += estimate_tokens(_turn_line(memory))
+        line_costs = self.turn_line_costs or lines.cost(lines.turn(turns[0]))
+        line_costs += lines.cost(lines.turn(memory))
         joined = [*turns[:at], memory, *turns[at:]]
-        heading = estimate_tokens(_note_heading(number, joined))
+        heading = lines.cost(_note_heading(number, joined))
         return _CostedNote(joined, line_costs, gaps, heading + line_costs + gaps * _GAP_TOKENS)
 
 
@@ -380,18 +423,13 @@ def _hit_line(number: int, memory: MemoryRecord) -> str:
     return f"{number}. [{_day(memory.created_at)}] {_hit_label(memory)}: {text}"
 
 
-def _same_session(a: MemoryRecord, b: MemoryRecord) -> bool:
-    """Turns of one conversation said on one day: read as one note under one date line."""
-    # cheapest tests first: a budget compares every kept hit with every note
-    return (
-        a.kind == b.kind
-        and _is_message(a)
-        and a.conversation_id == b.conversation_id
-        and a.user_id == b.user_id
-        and _date(a.created_at) == _date(b.created_at)
-        and not is_corrected(a.metadata)
-        and not is_corrected(b.metadata)
-    )
+def _session_key(memory: MemoryRecord) -> tuple[object, ...] | None:
+    """Turns of one conversation said on one day (one key) are read as one note under
+    one date line; None: a note of its own (not a chat message, or a corrected one). A
+    key, not a comparison of pairs: a budget placed every hit against every note."""
+    if not _is_message(memory) or is_corrected(memory.metadata):
+        return None
+    return (memory.kind, memory.conversation_id, memory.user_id, _date(memory.created_at))
 
 
 def _date(value: datetime | None) -> date | None:
@@ -402,10 +440,14 @@ def _session_groups(memories: Sequence[MemoryRecord]) -> list[list[MemoryRecord]
     """The hits as notes, in rank order: a turn joins the note of a better-ranked turn of
     the same conversation and day; a note's turns are in the order they were said."""
     groups: list[list[MemoryRecord]] = []
+    homes: dict[tuple[object, ...], list[MemoryRecord]] = {}
     for memory in memories:
-        home = _home(groups, memory)
+        key = _session_key(memory)
+        home = homes.get(key) if key is not None else None
         if home is None:
             groups.append([memory])
+            if key is not None:
+                homes[key] = groups[-1]
         else:
             home.append(memory)
             home.sort(key=_said_order)
@@ -422,22 +464,17 @@ def _said_order(memory: MemoryRecord) -> tuple[datetime, int]:
 _UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
-def _home(groups: Sequence[list[MemoryRecord]], memory: MemoryRecord) -> list[MemoryRecord] | None:
-    """The first note of turns of the same conversation and day as ``memory``."""
-    return next((g for g in groups if _same_session(memory, g[0])), None)
-
-
-def _group_lines(number: int, group: Sequence[MemoryRecord]) -> list[str]:
+def _group_lines(number: int, group: Sequence[MemoryRecord], made: Lines) -> list[str]:
     """One line for a lone hit; a note of several turns is one date line, then a quoted
     line per turn in the order said, with ``…`` where turns between them were not
     recalled."""
     if len(group) == 1:
-        return [_hit_line(number, group[0])]
+        return [made.hit(number, group[0])]
     lines = [_note_heading(number, group)]
     for previous, memory in zip([None, *group], group, strict=False):
         if previous is not None and _gap_between(previous, memory):
             lines.append(_GAP)
-        lines.append(_turn_line(memory))
+        lines.append(made.turn(memory))
     return lines
 
 
@@ -510,9 +547,12 @@ def _attached_lines(result: SearchResult, now: datetime) -> list[str]:
     return lines
 
 
-def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) -> str | None:
+def render_memory(
+    result: SearchResult, *, now: datetime, in_window: int = 0, lines: Lines | None = None
+) -> str | None:
     """The injected system message, or None when there is nothing to say.
-    ``in_window``: hits left out because the request already holds them."""
+    ``in_window``: hits left out because the request already holds them; ``lines``: the
+    ones :func:`within_budget` made for the same result."""
     summary = result.summary if result.summary and result.summary.text.strip() else None
     profile = [m for m in result.profile if m.text.strip() or m.profile is not None]
     hits = list(result.hits)
@@ -520,11 +560,12 @@ def render_memory(result: SearchResult, *, now: datetime, in_window: int = 0) ->
     if not (summary or profile or hits or nothing_relevant):
         return None
 
-    lines = _attached_lines(result, now)
+    made = lines or Lines()
+    written = _attached_lines(result, now)
     if hits:
-        lines += ["", _hits_heading(result, in_window)]
+        written += ["", _hits_heading(result, in_window)]
         for number, group in enumerate(_session_groups([h.memory for h in hits]), start=1):
-            lines += _group_lines(number, group)
+            written += _group_lines(number, group, made)
     elif nothing_relevant:
-        lines += ["", "No stored memory is relevant to this message."]
-    return "\n".join(lines)
+        written += ["", "No stored memory is relevant to this message."]
+    return "\n".join(written)
