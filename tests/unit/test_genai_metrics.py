@@ -10,10 +10,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_core.codec import pb
+from engram_core.codec import pb, pb_grpc
 from engram_core.genai import LlmCall
 from engram_core.metrics import prometheus_exposition, setup_metrics
-from engram_core.retrieval_client import record_search_timings
+from engram_core.retrieval_client import InProcessRetrievalClient, record_search_timings
 
 
 @pytest.fixture
@@ -92,3 +92,19 @@ def test_search_timings_become_stage_durations(spans: InMemorySpanExporter) -> N
         "mmr": 1,
         "total": 1,
     }
+
+
+class _TimedSearches(pb_grpc.MemoryServiceServicer):
+    async def Search(self, request: pb.SearchRequest, context: object) -> pb.SearchResponse:
+        return pb.SearchResponse(timings=pb.StageTimings(embed_ms=3, total_ms=7))
+
+
+async def test_a_caller_records_no_stage_durations(spans: InMemorySpanExporter) -> None:
+    """The service records them for every search it serves; a caller recording the reply's
+    timings again would count each search twice where both report to one place."""
+    before = metric("engram_search_stage_duration_seconds_count", engram_search_stage="total")
+    client = InProcessRetrievalClient(_TimedSearches())
+    reply = await client.search(pb.SearchRequest(tenant="t", query="q"))
+    assert reply.timings.total_ms == 7
+    after = metric("engram_search_stage_duration_seconds_count", engram_search_stage="total")
+    assert after == before

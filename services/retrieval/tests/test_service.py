@@ -12,14 +12,17 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 import pytest
 import structlog
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client.parser import text_string_to_metric_families
 
 from engram_core import rpc_tracing
 from engram_core.codec import pb, to_timestamp
 from engram_core.lifecycle import summary_memory_id
 from engram_core.memory import SearchQuery
+from engram_core.metrics import prometheus_exposition, setup_metrics
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import sigmoid
@@ -637,6 +640,37 @@ async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpan
     assert spans["mmr"]["engram.outcome"] == "ranked"
     assert spans["embed"]["engram.tenant"] == "acme"
     assert spans["candidates"]["engram.lexical"] is True
+
+
+def stage_durations(stage: str) -> tuple[float, float]:
+    """(count, sum in s) of ``engram.search.stage.duration`` for ``stage`` in this process."""
+    text = prometheus_exposition()[0].decode()
+    found = {"count": 0.0, "sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("engram_search_stage") != stage:
+                continue
+            for part in found:
+                if sample.name == f"engram_search_stage_duration_seconds_{part}":
+                    found[part] += sample.value
+    return found["count"], found["sum"]
+
+
+async def test_the_service_records_the_stage_durations_of_a_search_it_served(
+    client: RetrievalClient,
+) -> None:
+    """Once per Search, with the durations its reply reports (the caller records none:
+    tests/unit/test_genai_metrics.py)."""
+    setup_metrics(Resource.create({"service.name": "engram-test"}))
+    await store_facts(client)
+    count, total = stage_durations("total")
+    embed_count, _ = stage_durations("embed")
+    reply = await search_everything(client, "my dog")
+    await asyncio.sleep(0)  # recorded once the reply is sent; in one process, by now
+    after_count, after_total = stage_durations("total")
+    assert after_count == count + 1
+    assert after_total - total == pytest.approx(reply.timings.total_ms / 1e3)
+    assert stage_durations("embed")[0] == embed_count + 1
 
 
 async def store_facts_and_stop(server: RunningServer) -> list[str]:

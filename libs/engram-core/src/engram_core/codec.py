@@ -363,17 +363,15 @@ def search_query(request: pb.SearchRequest) -> SearchQuery:
     )
 
 
-def scores_to_pb(scores: Scores) -> pb.ScoreBreakdown:
-    message = pb.ScoreBreakdown(
-        dense=scores.dense,
-        relevance=scores.relevance,
-        recency=scores.recency,
-        total=scores.total,
-        mmr=scores.mmr,
-    )
+def fill_scores(message: pb.ScoreBreakdown, scores: Scores) -> None:
+    """Set ``message`` (a reply's field, filled in place) to ``scores``."""
+    message.dense = scores.dense
+    message.relevance = scores.relevance
+    message.recency = scores.recency
+    message.total = scores.total
+    message.mmr = scores.mmr
     if scores.sparse is not None:
         message.sparse = scores.sparse
-    return message
 
 
 #: Memories of search replies, decoded, by their encoded bytes: the same memories come
