@@ -8,12 +8,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client.parser import text_string_to_metric_families
 
 from engram_core.codec import pb, pb_grpc
 from engram_core.genai import LlmCall
-from engram_core.metrics import prometheus_exposition, setup_metrics
+from engram_core.metrics import setup_metrics
 from engram_core.retrieval_client import InProcessRetrievalClient, record_search_timings
+from engram_testing.metrics import metric
 
 
 @pytest.fixture
@@ -26,16 +26,6 @@ def tracer_for(exporter: InMemorySpanExporter):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider.get_tracer("test")
-
-
-def metric(name: str, **labels: str) -> float:
-    text = prometheus_exposition()[0].decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def test_a_successful_call_has_gen_ai_attributes_and_token_metrics(

@@ -7,20 +7,11 @@ import urllib.request
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
-from prometheus_client.parser import text_string_to_metric_families
 
 from engram_cli.stack.nats_server import free_port
 from engram_core.metrics import prometheus_exposition, serve_metrics, setup_metrics
 from engram_core.telemetry import RpcMetricsSpanProcessor
-
-
-def count(text: str, name: str, **labels: str) -> float:
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
+from engram_testing.metrics import metric
 
 
 def test_grpc_spans_become_rpc_call_durations() -> None:
@@ -34,8 +25,8 @@ def test_grpc_spans_become_rpc_call_durations() -> None:
     def counts() -> tuple[float, float]:
         text = prometheus_exposition()[0].decode()
         return (
-            count(text, "rpc_server_call_duration_seconds_count", **labels),
-            count(text, "rpc_client_call_duration_seconds_count", **labels),
+            metric("rpc_server_call_duration_seconds_count", text, **labels),
+            metric("rpc_client_call_duration_seconds_count", text, **labels),
         )
 
     before = counts()

@@ -16,19 +16,19 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client.parser import text_string_to_metric_families
 
 from engram_core import rpc_tracing
 from engram_core.codec import pb, to_timestamp
 from engram_core.lifecycle import summary_memory_id
 from engram_core.memory import SearchQuery
-from engram_core.metrics import prometheus_exposition, setup_metrics
+from engram_core.metrics import setup_metrics
 from engram_core.retrieval_client import RetrievalClient
 from engram_retrieval.embedder import Embedder
 from engram_retrieval.ranking import sigmoid
 from engram_retrieval.server import RunningServer, build_server, warn_of_other_models
 from engram_retrieval.settings import RetrievalSettings
 from engram_retrieval.store import MemoryStore, StoreError
+from engram_testing.metrics import metric
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from .conftest import TinyReranker
@@ -644,16 +644,10 @@ async def test_search_spans(client: RetrievalClient, span_exporter: InMemorySpan
 
 def stage_durations(stage: str) -> tuple[float, float]:
     """(count, sum in s) of ``engram.search.stage.duration`` for ``stage`` in this process."""
-    text = prometheus_exposition()[0].decode()
-    found = {"count": 0.0, "sum": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.labels.get("engram_search_stage") != stage:
-                continue
-            for part in found:
-                if sample.name == f"engram_search_stage_duration_seconds_{part}":
-                    found[part] += sample.value
-    return found["count"], found["sum"]
+    name = "engram_search_stage_duration_seconds"
+    return metric(f"{name}_count", engram_search_stage=stage), metric(
+        f"{name}_sum", engram_search_stage=stage
+    )
 
 
 async def test_the_service_records_the_stage_durations_of_a_search_it_served(

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.resources import Resource
-from prometheus_client.parser import text_string_to_metric_families
 
 from engram_cli.stack.reply_styles import REPLY_STYLES, UNUSABLE_STYLES, styled
 from engram_cli.stack.scripted_llm import Completion, RuleBasedBrain
 from engram_core.memory import MemoryRecord
-from engram_core.metrics import prometheus_exposition, setup_metrics
+from engram_core.metrics import setup_metrics
+from engram_testing.metrics import metric
 from engram_testing.upstream import ScriptedUpstream
 from engram_workers.extraction import Extraction, clean_output, extract
 from engram_workers.llm import AskLlm, FellBack, LlmClient, LlmSettingsMixin
@@ -43,16 +43,6 @@ def upstream() -> Iterator[ScriptedUpstream]:
         yield running
     finally:
         running.stop()
-
-
-def metric(name: str, **labels: str) -> float:
-    text = prometheus_exposition()[0].decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 async def asked_in_style(

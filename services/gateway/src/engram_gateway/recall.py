@@ -464,18 +464,18 @@ def _said_order(memory: MemoryRecord) -> tuple[datetime, int]:
 _UNDATED = datetime.min.replace(tzinfo=UTC)
 
 
-def _group_lines(number: int, group: Sequence[MemoryRecord], made: Lines) -> list[str]:
+def _group_lines(number: int, group: Sequence[MemoryRecord], lines: Lines) -> list[str]:
     """One line for a lone hit; a note of several turns is one date line, then a quoted
     line per turn in the order said, with ``…`` where turns between them were not
     recalled."""
     if len(group) == 1:
-        return [made.hit(number, group[0])]
-    lines = [_note_heading(number, group)]
+        return [lines.hit(number, group[0])]
+    note = [_note_heading(number, group)]
     for previous, memory in zip([None, *group], group, strict=False):
         if previous is not None and _gap_between(previous, memory):
-            lines.append(_GAP)
-        lines.append(made.turn(memory))
-    return lines
+            note.append(_GAP)
+        note.append(lines.turn(memory))
+    return note
 
 
 def _note_heading(number: int, group: Sequence[MemoryRecord]) -> str:
@@ -560,12 +560,12 @@ def render_memory(
     if not (summary or profile or hits or nothing_relevant):
         return None
 
-    made = lines or Lines()
+    lines = lines or Lines()
     written = _attached_lines(result, now)
     if hits:
         written += ["", _hits_heading(result, in_window)]
         for number, group in enumerate(_session_groups([h.memory for h in hits]), start=1):
-            written += _group_lines(number, group, made)
+            written += _group_lines(number, group, lines)
     elif nothing_relevant:
         written += ["", "No stored memory is relevant to this message."]
     return "\n".join(written)
