@@ -1,7 +1,8 @@
 """The gRPC edge is one layer: only :mod:`engram_core.codec` imports the generated
-protobuf code, and only the modules that speak gRPC (the client, the port, the retrieval
-server and servicer) import the codec. Everything else works on the domain types of
-:mod:`engram_core.memory`, so a change to the wire format touches these modules only.
+protobuf code, and only the modules that speak gRPC (the client and its search stream,
+the port, the retrieval server and servicer) import the codec. Everything else works on
+the domain types of :mod:`engram_core.memory`, so a change to the wire format touches
+these modules only.
 AST-based, like test_import_graph: lazy imports inside functions count.
 """
 
@@ -21,6 +22,7 @@ CODEC = "engram_core.codec"
 #: The modules that speak gRPC, and why.
 SPEAKS_GRPC = {
     "engram_core.retrieval_client": "the channel and the stubs",
+    "engram_core.search_stream": "the interactive client's searches on one open stream",
     "engram_core.memory_port": "the client side: domain calls as gRPC requests",
     "engram_retrieval.server": "registers the servicer",
     "engram_retrieval.service": "the servicer: decodes requests, encodes answers",

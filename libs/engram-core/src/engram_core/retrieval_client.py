@@ -37,6 +37,7 @@ from engram_core.codec import pb, pb_grpc
 from engram_core.logging import get_logger
 from engram_core.retry import TransientError, retry_transient
 from engram_core.rpc_tracing import client_call
+from engram_core.search_stream import SearchStream, StreamUnsupported
 from engram_core.settings import DEFAULT_GRPC_KEEPALIVE_S
 
 log = get_logger(__name__)
@@ -111,6 +112,7 @@ class MemoryStub(Protocol):
     List: grpc.aio.UnaryUnaryMultiCallable[pb.ListRequest, pb.ListResponse]
     Count: grpc.aio.UnaryUnaryMultiCallable[pb.CountRequest, pb.CountResponse]
     ListScopes: grpc.aio.UnaryUnaryMultiCallable[pb.ListScopesRequest, pb.ListScopesResponse]
+    SearchStream: grpc.aio.StreamStreamMultiCallable[pb.StreamedSearch, pb.StreamedSearchReply]
 
 
 class HealthStub(Protocol):
@@ -127,6 +129,8 @@ INTERACTIVE_METADATA = ("engram-priority", "interactive")
 class RetrievalClient:
     #: whether this client's calls are marked INTERACTIVE_METADATA
     interactive: bool = False
+    #: the searches' stream (an interactive client over a channel only)
+    _searches: SearchStream | None = None
 
     def __init__(
         self,
@@ -135,13 +139,23 @@ class RetrievalClient:
         timeout_s: float = 10.0,
         keepalive_s: float = DEFAULT_KEEPALIVE_S,
         interactive: bool = False,
+        search_stream: bool = True,
     ) -> None:
-        """``interactive``: a person waits for this client's calls (the gateway's)."""
+        """``interactive``: a person waits for this client's calls (the gateway's); its
+        searches then go on one open stream unless ``search_stream`` is False."""
         self.address = address
         self.timeout_s = timeout_s
         self.interactive = interactive
         self._channel = grpc.aio.insecure_channel(address, options=channel_options(keepalive_s))
         self.stub: MemoryStub = pb_grpc.MemoryServiceStub(self._channel)
+        # A person waits for this client's searches: they go as messages on one open
+        # stream, which costs a chat less than a unary call (engram_core.search_stream).
+        self._searches: SearchStream | None = None
+        if interactive and search_stream:
+            self._searches = SearchStream(
+                lambda metadata: self.stub.SearchStream(metadata=metadata),
+                (INTERACTIVE_METADATA,),
+            )
         # types-grpcio-health-checking declares HealthStub without its methods.
         self._health = cast(HealthStub, health_pb2_grpc.HealthStub(self._channel))
 
@@ -158,6 +172,13 @@ class RetrievalClient:
             return await call(request, timeout=timeout_s, metadata=metadata)
 
     async def search(self, request: pb.SearchRequest) -> pb.SearchResponse:
+        searches = self._searches
+        if searches is not None and not searches.unsupported:
+            try:
+                with client_call(SERVICE_NAME, "Search") as trace_context:
+                    return await searches.search(request, self.timeout_s, trace_context)
+            except StreamUnsupported:
+                log.info("retrieval.search_stream_unsupported", address=self.address)
         return await self._call("Search", self.stub.Search, request, self.timeout_s)
 
     async def upsert(self, request: pb.UpsertRequest) -> pb.UpsertResponse:
@@ -207,6 +228,8 @@ class RetrievalClient:
         return self._channel.get_state()
 
     async def close(self) -> None:
+        if self._searches is not None:
+            await self._searches.close()
         await self._channel.close()
 
 
@@ -253,7 +276,8 @@ class _InProcessCall:
 class _InProcessStub:
     def __init__(self, servicer: pb_grpc.MemoryServiceServicer) -> None:
         for name in MemoryStub.__annotations__:
-            setattr(self, name, _InProcessCall(getattr(servicer, name)))
+            if name != "SearchStream":  # over a channel only: its point is the channel's cost
+                setattr(self, name, _InProcessCall(getattr(servicer, name)))
 
 
 class InProcessRetrievalClient(RetrievalClient):
@@ -269,6 +293,7 @@ class InProcessRetrievalClient(RetrievalClient):
         self.address = address
         self.timeout_s = timeout_s
         self.stub = cast(MemoryStub, _InProcessStub(servicer))
+        self._searches = None
 
     async def is_serving(self, timeout_s: float = 2.0) -> bool:
         return True

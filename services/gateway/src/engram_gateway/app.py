@@ -80,6 +80,7 @@ async def retrieval_port(settings: GatewaySettings) -> AsyncIterator[MemoryPort]
         timeout_s=settings.gateway_retrieval_timeout_s,
         keepalive_s=settings.grpc_keepalive_s,
         interactive=True,  # a person waits for each call: retrieval serves them first
+        search_stream=settings.gateway_search_stream,
     )
     try:
         yield MemoryPort(client)

@@ -124,7 +124,13 @@ class RunningServer:
     async def stop(self, grace_s: float | None = None) -> None:
         """Report NOT_SERVING, drain in-flight calls for ``grace_s``, close the store."""
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(self.grace_s if grace_s is None else grace_s)
+        grace = self.grace_s if grace_s is None else grace_s
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await asyncio.sleep(0)  # new calls are refused from here
+        # An open search stream is a call in flight until it ends: it would hold the
+        # stop for the whole grace.
+        self.servicer.end_search_streams()
+        await stopping
         await self.store.close()
 
 

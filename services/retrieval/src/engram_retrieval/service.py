@@ -18,7 +18,7 @@ import binascii
 import errno
 import functools
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -79,44 +79,44 @@ def _rpc(
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         method = fn.__name__
         metadata = context.invocation_metadata()
-        if is_interactive(metadata):
-            async with self.priority.interactive():
-                return await served(self, method, metadata, request, context)
-        await self.priority.background()
-        return await served(self, method, metadata, request, context)
+        return await self.in_turn(
+            is_interactive(metadata), lambda: served(self, method, metadata, request, context)
+        )
 
     async def served(
         self: Any, method: str, metadata: Any, request: Any, context: grpc.aio.ServicerContext
     ) -> R:
         with served_call(SERVICE_NAME, method, metadata) as call:
-
-            async def abort(code: grpc.StatusCode, details: str) -> None:
-                call.failed(code, details)
-                await context.abort(code, details)
-
             try:
                 return await fn(self, request, context)
-            except codec.DecodeError as exc:
-                await abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-            except InvalidRequest as exc:
-                invalid = grpc.StatusCode.INVALID_ARGUMENT
-                await abort(exc.code if isinstance(exc, RequestError) else invalid, exc.message)
-            except StoreError as exc:
-                log.error("store.unavailable", rpc=method, error=str(exc))
-                await abort(grpc.StatusCode.UNAVAILABLE, "memory store unavailable")
-            except (EmbedderUnavailable, EmbedderRequestError) as exc:
-                log.error("embedder.unavailable", rpc=method, error=str(exc))
-                await abort(grpc.StatusCode.UNAVAILABLE, "embedding model unavailable")
             except Exception as exc:
-                if _disk_full(exc):
-                    # Callers retry UNAVAILABLE until space is freed (nothing dead-lettered).
-                    log.error("store.disk_full", rpc=method, error=str(exc))
-                    await abort(grpc.StatusCode.UNAVAILABLE, "memory store: disk full")
-                log.exception("rpc.failed", rpc=method)
-                await abort(grpc.StatusCode.INTERNAL, f"{method} failed")
+                code, details = failure_status(method, exc)
+                call.failed(code, details)
+                await context.abort(code, details)
         raise AssertionError("unreachable: context.abort raises")
 
     return handler
+
+
+def failure_status(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status a call that raised ``exc`` ends with (the failure logged here)."""
+    if isinstance(exc, codec.DecodeError):
+        return grpc.StatusCode.INVALID_ARGUMENT, exc.message
+    if isinstance(exc, InvalidRequest):
+        invalid = grpc.StatusCode.INVALID_ARGUMENT
+        return (exc.code if isinstance(exc, RequestError) else invalid), exc.message
+    if isinstance(exc, StoreError):
+        log.error("store.unavailable", rpc=method, error=str(exc))
+        return grpc.StatusCode.UNAVAILABLE, "memory store unavailable"
+    if isinstance(exc, EmbedderUnavailable | EmbedderRequestError):
+        log.error("embedder.unavailable", rpc=method, error=str(exc))
+        return grpc.StatusCode.UNAVAILABLE, "embedding model unavailable"
+    if _disk_full(exc):
+        # Callers retry UNAVAILABLE until space is freed (nothing dead-lettered).
+        log.error("store.disk_full", rpc=method, error=str(exc))
+        return grpc.StatusCode.UNAVAILABLE, "memory store: disk full"
+    log.error("rpc.failed", rpc=method, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"{method} failed"
 
 
 def _require_tenant(tenant: str) -> str:
@@ -229,6 +229,8 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
         # A hit's message, encoded once per payload the store hands out (pipeline.signals
         # does the same for the ranking)
         self.searched_memory = PerSearchedPoint(store.kept_search_points, _memory)
+        self._search_streams: set[asyncio.Task[None]] = set()  # their reading tasks
+        self._search_streams_ended = False
         self.writer = MemoryWriter(
             store,
             embedder,
@@ -241,18 +243,33 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
 
     # -- Search -----------------------------------------------------------------------
 
+    async def in_turn(self, interactive: bool, serve: Callable[[], Awaitable[R]]) -> R:
+        """``serve()`` once the priority allows: an interactive call at once (counted in
+        flight), any other after the interactive ones in flight (engram_retrieval.priority)."""
+        if interactive:
+            async with self.priority.interactive():
+                return await serve()
+        await self.priority.background()
+        return await serve()
+
     @_rpc
     async def Search(
         self, request: pb.SearchRequest, context: grpc.aio.ServicerContext
     ) -> pb.SearchResponse:
-        interactive = is_interactive(context.invocation_metadata())
+        response = pb.SearchResponse()
+        await self._search(request, response, is_interactive(context.invocation_metadata()))
+        return response
+
+    async def _search(
+        self, request: pb.SearchRequest, response: pb.SearchResponse, interactive: bool
+    ) -> None:
+        """Runs the search and writes its answer into ``response`` (filled in place: a
+        message built beside it and copied in costs the copy)."""
         pause = None if interactive else self.priority.between_steps
         ranked = await self.pipeline.run(codec.search_query(request), pause=pause)
-        response = pb.SearchResponse(
-            outcome=codec.OUTCOME_BY_NAME[ranked.outcome],
-            candidates_considered=ranked.considered,
-            timings=pb.StageTimings(**vars(ranked.timings)),
-        )
+        response.outcome = codec.OUTCOME_BY_NAME[ranked.outcome]
+        response.candidates_considered = ranked.considered
+        response.timings.MergeFrom(pb.StageTimings(**vars(ranked.timings)))
         for hit in ranked.hits:
             # Filled in place: a SearchHit built beside the reply and appended to it was
             # copied twice, its memory with it.
@@ -278,7 +295,84 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             candidates=ranked.considered,
             total_ms=round(ranked.timings.total_ms, 2),
         )
-        return response
+
+    async def SearchStream(
+        self,
+        requests: AsyncIterator[pb.StreamedSearch],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """A caller's searches as messages on one stream (the gateway's). Each is served
+        as a unary Search is (its own SERVER span continuing the trace its message
+        carries, the priority the stream was opened with, the same statuses) and
+        answered by id when it is done, so searches on one stream run side by side. The
+        stream ends when the caller closes it, or, its searches answered, when the
+        service stops (:meth:`end_search_streams`)."""
+        if self._search_streams_ended:
+            return
+        interactive = is_interactive(context.invocation_metadata())
+        writing = asyncio.Lock()  # one message at a time on the call
+        answering: set[asyncio.Task[None]] = set()
+
+        async def answer(message: pb.StreamedSearch) -> None:
+            reply = pb.StreamedSearchReply(id=message.id)
+            code, details = await self.in_turn(
+                interactive, lambda: self._streamed_search(message, reply.response, interactive)
+            )
+            if code != grpc.StatusCode.OK:
+                reply.ClearField("response")
+                reply.status_code = code.value[0]
+                reply.status_details = details
+            try:
+                async with writing:
+                    await context.write(reply)
+            except (asyncio.InvalidStateError, grpc.RpcError, grpc.aio.UsageError) as exc:
+                # The stream is gone (the caller closed it or the connection broke);
+                # the caller fails the searches it was waiting for.
+                log.info("search_stream.reply_undelivered", error=f"{type(exc).__name__}: {exc}")
+
+        async def read() -> None:
+            async for message in requests:
+                task = asyncio.ensure_future(answer(message))
+                answering.add(task)
+                task.add_done_callback(answering.discard)
+
+        reading = asyncio.ensure_future(read())
+        self._search_streams.add(reading)
+        try:
+            # Not awaited directly: reading cancelled by end_search_streams ends the
+            # stream, it does not cancel this handler.
+            await asyncio.wait({reading})
+            if answering:
+                await asyncio.wait(set(answering))
+        except asyncio.CancelledError:  # the caller went away
+            reading.cancel()
+            for task in answering:
+                task.cancel()
+            raise
+        finally:
+            self._search_streams.discard(reading)
+        if not reading.cancelled() and reading.exception() is not None:
+            raise reading.exception()  # type: ignore[misc]
+
+    async def _streamed_search(
+        self, message: pb.StreamedSearch, response: pb.SearchResponse, interactive: bool
+    ) -> tuple[grpc.StatusCode, str]:
+        with served_call(SERVICE_NAME, "Search", message.trace_context.items()) as call:
+            try:
+                await self._search(message.request, response, interactive)
+            except Exception as exc:
+                code, details = failure_status("Search", exc)
+                call.failed(code, details)
+                return code, details
+        return grpc.StatusCode.OK, ""
+
+    def end_search_streams(self) -> None:
+        """The service is stopping: open search streams stop reading, answer what they
+        hold and end (their callers fall back to reopening, which a stopping server
+        refuses); streams opened from now on end at once."""
+        self._search_streams_ended = True
+        for reading in self._search_streams:
+            reading.cancel()
 
     # -- Writes -----------------------------------------------------------------------
 

@@ -221,6 +221,35 @@ class SearchResponse(_message.Message):
     timings: StageTimings
     def __init__(self, hits: _Optional[_Iterable[_Union[SearchHit, _Mapping]]] = ..., summary: _Optional[_Union[Memory, _Mapping]] = ..., profile: _Optional[_Iterable[_Union[Memory, _Mapping]]] = ..., outcome: _Optional[_Union[SearchOutcome, str]] = ..., candidates_considered: _Optional[int] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ...) -> None: ...
 
+class StreamedSearch(_message.Message):
+    __slots__ = ("id", "request", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: SearchRequest
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[SearchRequest, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class StreamedSearchReply(_message.Message):
+    __slots__ = ("id", "response", "status_code", "status_details")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_CODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_DETAILS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    response: SearchResponse
+    status_code: int
+    status_details: str
+    def __init__(self, id: _Optional[int] = ..., response: _Optional[_Union[SearchResponse, _Mapping]] = ..., status_code: _Optional[int] = ..., status_details: _Optional[str] = ...) -> None: ...
+
 class UpsertRequest(_message.Message):
     __slots__ = ("tenant", "memories")
     TENANT_FIELD_NUMBER: _ClassVar[int]

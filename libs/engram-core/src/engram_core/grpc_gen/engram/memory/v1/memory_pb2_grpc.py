@@ -39,6 +39,11 @@ class MemoryServiceStub:
                 request_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.SearchRequest.SerializeToString,
                 response_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.SearchStream = channel.stream_stream(
+                '/engram.memory.v1.MemoryService/SearchStream',
+                request_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.StreamedSearch.SerializeToString,
+                response_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.StreamedSearchReply.FromString,
+                _registered_method=True)
         self.Upsert = channel.unary_unary(
                 '/engram.memory.v1.MemoryService/Upsert',
                 request_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.UpsertRequest.SerializeToString,
@@ -76,6 +81,16 @@ class MemoryServiceServicer:
 
     def Search(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SearchStream(self, request_iterator, context):
+        """Searches as messages on one long-lived stream (the gateway's, for the chats a person
+        waits on): a unary call costs a chat more than a message does (docs/retrieval.md,
+        "The search stream"). Each search is answered by id, in any order, with the status
+        a unary Search would have ended with; the stream itself stays open.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -123,6 +138,11 @@ def add_MemoryServiceServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.SearchRequest.FromString,
                     response_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.SearchResponse.SerializeToString,
+            ),
+            'SearchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SearchStream,
+                    request_deserializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.StreamedSearch.FromString,
+                    response_serializer=engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.StreamedSearchReply.SerializeToString,
             ),
             'Upsert': grpc.unary_unary_rpc_method_handler(
                     servicer.Upsert,
@@ -182,6 +202,33 @@ class MemoryService:
             '/engram.memory.v1.MemoryService/Search',
             engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.SearchRequest.SerializeToString,
             engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/engram.memory.v1.MemoryService/SearchStream',
+            engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.StreamedSearch.SerializeToString,
+            engram__core_dot_grpc__gen_dot_engram_dot_memory_dot_v1_dot_memory__pb2.StreamedSearchReply.FromString,
             options,
             channel_credentials,
             insecure,
