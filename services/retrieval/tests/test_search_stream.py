@@ -120,6 +120,32 @@ async def test_a_stopping_service_ends_its_streams_instead_of_waiting_out_the_gr
         await gateway.close()
 
 
+async def test_a_stopping_service_answers_the_search_it_is_serving(tmp_path: Path) -> None:
+    settings = RetrievalSettings(data_dir=tmp_path / "data", retrieval_listen="127.0.0.1:0")
+    server = await build_server(settings, embedder=shared_embedder())
+    pipeline = server.servicer.pipeline
+    real_run, serving, release = pipeline.run, asyncio.Event(), asyncio.Event()
+
+    async def held_run(query: SearchQuery, **how: Any) -> Any:
+        serving.set()
+        await release.wait()
+        return await real_run(query, **how)
+
+    pipeline.run = held_run  # type: ignore[method-assign]
+    gateway = RetrievalClient(server.address, timeout_s=30, interactive=True)
+    try:
+        searching = asyncio.create_task(gateway.search(search("my dog")))
+        await asyncio.wait_for(serving.wait(), 10)
+        stopping = asyncio.create_task(server.stop(grace_s=60))
+        await asyncio.sleep(0.2)
+        release.set()
+        reply = await asyncio.wait_for(searching, 10)  # answered, not cut off
+        assert reply.outcome == pb.SEARCH_OUTCOME_EMPTY
+        await asyncio.wait_for(stopping, 10)  # and the stream ended after it
+    finally:
+        await gateway.close()
+
+
 # -- against services of our own making ------------------------------------------------
 
 
