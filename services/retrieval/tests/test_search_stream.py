@@ -23,6 +23,7 @@ from engram_core.codec import pb, pb_grpc
 from engram_core.memory import SearchQuery
 from engram_core.memory_port import MemoryPort, RetrievalError
 from engram_core.retrieval_client import RetrievalClient
+from engram_core.search_stream import SearchStream
 from engram_retrieval.server import build_server
 from engram_retrieval.settings import RetrievalSettings
 from engram_testing.worker_stack import running_retrieval, shared_embedder
@@ -237,3 +238,28 @@ async def test_a_broken_stream_fails_its_search_and_the_next_search_opens_anothe
 
 def _query(tenant: str = "acme") -> SearchQuery:
     return SearchQuery(tenant=tenant, text="my dog", user_id="u1")
+
+
+async def test_a_reader_that_fails_unexpectedly_fails_the_search_instead_of_hanging() -> None:
+    class GarbledCall:
+        async def write(self, request: pb.StreamedSearch) -> None:
+            return None
+
+        async def read(self) -> Any:
+            raise ValueError("garbled reply")
+
+        async def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.OK
+
+        async def details(self) -> str:
+            return ""
+
+        def cancel(self) -> bool:
+            return True
+
+    searches = SearchStream(lambda metadata: GarbledCall(), ())
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(searches.search(search("my dog"), 30, ()), 5)
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "garbled reply" in (failed.value.details() or "")
+    await searches.close()

@@ -145,6 +145,8 @@ class SearchStream:
         except asyncio.CancelledError:
             stream.end(rpc_error(grpc.StatusCode.CANCELLED, "search stream closed"))
             raise
+        except Exception as exc:  # nothing a reader expects: no search waits forever
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"search stream failed: {exc!r}")
         stream.end(error)
 
     async def close(self) -> None:

@@ -366,8 +366,9 @@ class MemoryServicer(pb_grpc.MemoryServiceServicer):
             raise
         finally:
             self._search_streams.discard(reading)
-        if not reading.cancelled() and reading.exception() is not None:
-            raise reading.exception()  # type: ignore[misc]
+        failure = None if reading.cancelled() else reading.exception()
+        if failure is not None:  # the requests could not be read: the call is broken
+            raise failure
 
     async def _streamed_search(
         self, message: pb.StreamedSearch, response: pb.SearchResponse, interactive: bool
