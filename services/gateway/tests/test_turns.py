@@ -1,10 +1,13 @@
-"""Turn identity: what a turn is, not which request carried it."""
+"""Turn identity: what a turn is, not which request carried it; and whether a turn can
+still be published while the NATS client finds its way back."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from engram_gateway.turns import TurnScope, turn_id
+from faststream.nats import NatsBroker
+
+from engram_gateway.turns import TurnPublisher, TurnScope, turn_id
 
 
 def _chat_scope(**change: Any) -> TurnScope:
@@ -42,3 +45,29 @@ def test_a_turn_is_identified_by_what_it_is_not_by_the_request() -> None:
     assert reply.turn_id == regenerated.turn_id != user.turn_id
     assert reply.event_id != regenerated.event_id
     assert (user.turn_index, reply.turn_index) == (4, 5)
+
+
+class _Connection:
+    def __init__(self, status: str) -> None:
+        self.is_connected = status == "CONNECTED"
+        self.is_reconnecting = status == "RECONNECTING"
+        self.is_connecting = status == "CONNECTING"
+
+
+class _Broker:
+    def __init__(self, status: str) -> None:
+        self.connection = _Connection(status)
+
+
+def _broker(status: str) -> NatsBroker:
+    return cast(NatsBroker, _Broker(status))
+
+
+async def test_a_publisher_whose_client_is_on_its_way_back_waits_for_it() -> None:
+    # nats-py, reconnecting after a node died: RECONNECTING while it looks for a server,
+    # CONNECTING while it shakes hands with one, back to RECONNECTING if that one fails
+    for status in ("CONNECTED", "RECONNECTING", "CONNECTING"):
+        assert TurnPublisher(_broker(status)).may_reconnect(), status
+    closed = TurnPublisher(_broker("CLOSED"), retry_s=5.0)
+    assert not closed.may_reconnect()
+    assert not await closed.wait_connected()  # at once: nothing is coming back
