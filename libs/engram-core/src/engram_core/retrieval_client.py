@@ -37,7 +37,7 @@ from engram_core.codec import pb, pb_grpc
 from engram_core.logging import get_logger
 from engram_core.retry import TransientError, retry_transient
 from engram_core.rpc_tracing import client_call
-from engram_core.search_stream import SearchStream, StreamUnsupported
+from engram_core.search_stream import SearchStream, StreamUnsupported, rpc_error
 from engram_core.settings import DEFAULT_GRPC_KEEPALIVE_S
 
 log = get_logger(__name__)
@@ -243,7 +243,7 @@ class _InProcessContext:
         return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+        raise rpc_error(code, details)
 
 
 class _InProcessCall:
@@ -265,12 +265,7 @@ class _InProcessCall:
                 self._method(request, _InProcessContext(metadata)), timeout
             )
         except TimeoutError:
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                "Deadline Exceeded",
-            ) from None
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
 
 class _InProcessStub:
