@@ -36,8 +36,9 @@ def test_the_packaged_model_is_rebuilt_with_the_same_hidden_states(
     fused = embedder.fused_if_equivalent(folded, tmp_path / "fused.onnx")
     assert fused == tmp_path / "fused.onnx"
     ops = [n.op_type for n in onnx.load(str(fused)).graph.node]
-    assert ops.count("Attention") == 6 and ops.count("SkipLayerNormalization") == 12
-    assert len(ops) < 60  # the export spelled the same model in over 400 nodes
+    assert ops.count("Attention") == 6 and ops.count("LayerNormalization") == 12
+    assert "SkipLayerNormalization" not in ops  # slower on onnxruntime's CPU kernels
+    assert len(ops) < 80  # the export spelled the same model in over 400 nodes
     # a padded batch: every position the embedder pools is the folded graph's
     ids = np.array([[101, 1045, 2293, 10733, 1012, 102], [101, 7592, 102, 0, 0, 0]])
     mask = (ids != 0).astype(np.int64)

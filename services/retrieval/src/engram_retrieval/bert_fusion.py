@@ -5,8 +5,11 @@ forty small nodes (reshapes, transposes, slices, a NaN guard after the softmax),
 onnxruntime's own fusions do not recognise that spelling. Each node costs its kernel
 launch whatever the tensor's size, and a query is a dozen tokens: the model's run was
 mostly launches. The same weights in onnxruntime's fused operators (``Attention``,
-``SkipLayerNormalization``, ``BiasGelu``, ``EmbedLayerNormalization``) are seven nodes a
-layer, and the quantizer turns ``Attention`` into its integer ``QAttention``.
+``BiasGelu``, ``EmbedLayerNormalization``) are nine nodes a layer, and the quantizer
+turns ``Attention`` into its integer ``QAttention``. Each residual stays ``Add`` +
+``Add`` + ``LayerNormalization``: onnxruntime's ``SkipLayerNormalization`` CPU kernel
+takes about 20 µs more than those three whatever the size (a model run 15-29% slower
+with it), so the session leaves them unfused (``create_session``; docs/retrieval.md).
 
 :func:`fused_bert` reads the weights by the names a Hugging Face BERT export gives them
 (``…encoder.layer.N.attention.self.query`` and so on), whatever its prefix, and raises
@@ -129,22 +132,26 @@ def fused_bert(folded: onnx.ModelProto, heads: int) -> onnx.ModelProto:
         tensors.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def skip_layer_norm(x: str, bias: np.ndarray, skip: str, norm: str, out: str) -> onnx.NodeProto:
+    def skip_layer_norm(
+        x: str, bias: np.ndarray, skip: str, norm: str, out: str
+    ) -> list[onnx.NodeProto]:
         """``out`` = LayerNorm(x + bias + skip), the residual that ends each half of a BERT
         layer, with the weights of the export's LayerNorm ``norm``."""
-        return helper.make_node(
-            "SkipLayerNormalization",
-            [
-                x,
-                skip,
-                tensor(f"{x}.norm.gamma", named(norm + ".weight")),
-                tensor(f"{x}.norm.beta", named(norm + ".bias")),
-                tensor(f"{x}.bias", bias),
-            ],
-            [out],
-            domain="com.microsoft",
-            epsilon=eps,
-        )
+        return [
+            helper.make_node("Add", [x, tensor(f"{x}.bias", bias)], [f"{x}.biased"]),
+            helper.make_node("Add", [f"{x}.biased", skip], [f"{x}.residual"]),
+            helper.make_node(
+                "LayerNormalization",
+                [
+                    f"{x}.residual",
+                    tensor(f"{x}.norm.gamma", named(norm + ".weight")),
+                    tensor(f"{x}.norm.beta", named(norm + ".bias")),
+                ],
+                [out],
+                axis=-1,
+                epsilon=eps,
+            ),
+        ]
 
     nodes = [
         helper.make_node("Cast", ["input_ids"], ["ids"], to=TensorProto.INT32),
@@ -192,7 +199,7 @@ def fused_bert(folded: onnx.ModelProto, heads: int) -> onnx.ModelProto:
                 [f"l{i}.attention", tensor(f"l{i}.o.weight", weights[ROLES[3]].weight)],
                 [f"l{i}.o"],
             ),
-            skip_layer_norm(
+            *skip_layer_norm(
                 f"l{i}.o",
                 weights[ROLES[3]].bias,
                 x,
@@ -215,7 +222,7 @@ def fused_bert(folded: onnx.ModelProto, heads: int) -> onnx.ModelProto:
                 [f"l{i}.gelu", tensor(f"l{i}.down.weight", weights[ROLES[5]].weight)],
                 [f"l{i}.down"],
             ),
-            skip_layer_norm(
+            *skip_layer_norm(
                 f"l{i}.down", weights[ROLES[5]].bias, f"l{i}.h", names + "output.LayerNorm", out
             ),
         ]
