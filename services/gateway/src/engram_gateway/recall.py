@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -60,13 +61,21 @@ class MemoryStatus(enum.StrEnum):
 class Recall:
     status: MemoryStatus
     system_message: dict[str, Any] | None = None
-    hits: list[dict[str, Any]] = field(default_factory=list)  # the injected ones
+    injected: list[SearchHit] = field(default_factory=list)  # the hits in the message
     tokens: int = 0  # the memory message's estimated size (token_budget.estimate_tokens)
     # what retrieval answered (before the window and the budget), for benchmarks
     outcome: str = ""
     #: the retrieval service's own time for the search, ms (the rest of a recall is the
     #: gRPC round trip and the gateway's rendering)
     search_ms: float = 0.0
+
+    @functools.cached_property
+    def hits(self) -> list[dict[str, Any]]:
+        """The injected hits as ``memory_hits`` reports them (:func:`hit_json`). Written
+        when first read, which a chat does once the model has the request: the report
+        goes out with the reply, and the request need not wait for it."""
+        small_store = self.outcome == "small_store"
+        return [hit_json(hit, small_store=small_store) for hit in self.injected]
 
 
 @dataclass(frozen=True)
@@ -202,15 +211,16 @@ async def recall(
     lines = Lines()  # the budget costs the lines the rendering then writes
     if budget:
         result.hits = within_budget(result, budget, now=today, in_window=dropped, lines=lines)
-    hits = [hit_json(hit, small_store=outcome == "small_store") for hit in result.hits]
     text = render_memory(result, now=today, in_window=dropped, lines=lines)
     if text is None:
-        return Recall(MemoryStatus.EMPTY, hits=hits, outcome=outcome, search_ms=result.search_ms)
+        return Recall(
+            MemoryStatus.EMPTY, injected=result.hits, outcome=outcome, search_ms=result.search_ms
+        )
     message = {"role": "system", "content": text}
     return Recall(
         MemoryStatus.USED,
         message,
-        hits,
+        result.hits,
         estimate_tokens(text),
         outcome,
         search_ms=result.search_ms,

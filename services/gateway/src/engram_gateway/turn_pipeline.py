@@ -243,7 +243,7 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
 
     reply_headers = {MEMORY_HEADER: memory.status.value}
     if memory.status is not MemoryStatus.BYPASSED:
-        reply_headers[HITS_HEADER] = str(len(memory.hits))
+        reply_headers[HITS_HEADER] = str(len(memory.injected))
     exchange = _Exchange(
         api=api,
         state=state,
@@ -254,7 +254,7 @@ async def run_turn(api: ChatApi, request: Request, state: GatewayState, tenant: 
         record=prepared.record,
         stream=prepared.turn.stream,
         headers=reply_headers,
-        hits=memory.hits if memory.status is not MemoryStatus.BYPASSED else None,
+        recall=memory if memory.status is not MemoryStatus.BYPASSED else None,
         prompt=prepared.query,
         user_hint=prepared.turn.user,
         tool_exchanges=prepared.turn.tool_exchanges,
@@ -362,14 +362,14 @@ def _log_request(api: ChatApi, prepared: _Prepared, memory: Recall) -> None:
         model=prepared.scope.model,
         stream=prepared.turn.stream,
         memory=memory.status.value,
-        hits=len(memory.hits),
+        hits=len(memory.injected),
         conversation_id=prepared.scope.conversation_id,
         **({"bypass": prepared.bypass.value} if prepared.bypass else {}),
     )
     trace.get_current_span().set_attributes(
         {
             semconv.ENGRAM_MEMORY_STATUS: memory.status.value,
-            semconv.ENGRAM_MEMORY_HITS: len(memory.hits),
+            semconv.ENGRAM_MEMORY_HITS: len(memory.injected),
         }
     )
 
@@ -396,7 +396,9 @@ class _Exchange:
     record: bool
     stream: bool
     headers: dict[str, str]
-    hits: list[dict[str, Any]] | None
+    #: What memory gave the request (its ``memory_hits`` go out with the reply); None when
+    #: memory was bypassed.
+    recall: Recall | None
     #: The person's words (recorded as the user turn) and the API's user field.
     prompt: str
     user_hint: str | None
@@ -442,8 +444,8 @@ class _Exchange:
             self.head = self._stream_head(upstream)
             yield b""
             chunks: AsyncIterator[bytes] = upstream.aiter_bytes()
-            if self.hits is not None:
-                chunks = self.api.stream_with_hits(chunks, self.hits)
+            if self.recall is not None:
+                chunks = self.api.stream_with_hits(chunks, self.recall.hits)
             try:
                 async for chunk in chunks:
                     reader.feed(chunk)
@@ -511,8 +513,8 @@ class _Exchange:
                 upstream.content,
             )
         self.api.record_usage(call, payload)
-        if self.hits is not None:
-            self.api.add_hits(payload, self.hits)
+        if self.recall is not None:
+            self.api.add_hits(payload, self.recall.hits)
         text = self.api.reply_text(payload)
         if self.record and text:
             task = self.state.publisher.publish_detached(self.scope.event("assistant", text))
