@@ -568,18 +568,19 @@ def mmr_select(
     n = len(totals)
     if n == 0 or top_k <= 0:
         return []
-    totals = np.asarray(totals, dtype=np.float64)
-    sims = cosine_matrix(vectors)
-    max_sim = np.zeros(n, dtype=np.float64)
-    available = np.ones(n, dtype=bool)
+    # λ·total, and (1 - λ)·cosine: scaling by a weight ≥ 0 commutes with the running
+    # maximum, so each step is one maximum, one subtraction and one argmax.
+    relevance = mmr_lambda * np.asarray(totals, dtype=np.float64)
+    penalties = (1.0 - mmr_lambda) * cosine_matrix(vectors)
+    penalty = np.zeros(n, dtype=np.float64)  # (1 - λ)·the largest cosine to a pick, ≥ 0
+    objective = relevance.copy()
     picked: list[tuple[int, float]] = []
     for _ in range(min(top_k, n)):
-        objective = mmr_lambda * totals - (1.0 - mmr_lambda) * max_sim
-        objective[~available] = -math.inf
         best = int(np.argmax(objective))
         picked.append((best, float(objective[best])))
-        available[best] = False
-        max_sim = np.maximum(max_sim, sims[best])
+        relevance[best] = -math.inf  # picked: never again
+        np.maximum(penalty, penalties[best], out=penalty)
+        np.subtract(relevance, penalty, out=objective)
     return picked
 
 
@@ -644,7 +645,8 @@ def rank(
     keep = keep[mmr_reachable(tot[keep], params.mmr_lambda, params.top_k)]
     # Equal objectives go to the smaller id, whatever order the store returned them in.
     keep = keep[np.argsort([candidates[int(i)].id for i in keep], kind="stable")]
-    vectors = np.stack([np.asarray(candidates[int(i)].vector, dtype=np.float64) for i in keep])
+    # one conversion of the stacked float32 vectors, not one a candidate
+    vectors = np.array([np.asarray(candidates[int(i)].vector) for i in keep], dtype=np.float64)
     picked = mmr_select(tot[keep], vectors, params.mmr_lambda, params.top_k)
     hits = facts_before_sources([scored(int(keep[j]), mmr) for j, mmr in picked])
     return RankingResult(Outcome.RANKED, facts_first(hits, params.fact_margin), considered=n)
