@@ -388,6 +388,13 @@ async def test_late_scores_are_maxsim_over_token_vectors(store: MemoryStore) -> 
     # no token vectors: no score; another tenant's id: never scored
     assert set(scores) == {pid(1), pid(2)}
     assert await store.late_scores("a", query, []) == {}
+    # the same after a search has found some of them (the embedded store then names the
+    # searched ones by their UUIDs), and for ids written in upper case
+    await store.search(np.array([1, 0, 0, 0], dtype=np.float32), [PointFilter("a")], 1)
+    ids = [pid(1), pid(2), pid(3), pid(4)]
+    assert await store.late_scores("a", query, ids) == pytest.approx(scores)
+    upper = await store.late_scores("a", query, [i.upper() for i in ids])
+    assert upper == pytest.approx({i.upper(): s for i, s in scores.items()})
 
     # token vectors come back with the point, for reuse when only the payload changes
     (got,) = await store.retrieve("a", [pid(2)], with_vectors=True)
