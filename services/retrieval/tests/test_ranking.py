@@ -92,6 +92,44 @@ def test_mmr_with_lambda_one_is_plain_total_order() -> None:
     assert [score for _, score in picked] == pytest.approx([0.9, 0.85])
 
 
+def test_mmr_picks_what_the_greedy_definition_picks() -> None:
+    """Each step takes the candidate with the best ``λ·total - (1 - λ)·max cosine to the
+    picks so far`` (the lower index on a tie), with that objective: written out plainly
+    here, it must agree exactly with the vectorised steps, ties and duplicates included."""
+
+    def greedy(
+        totals: np.ndarray, vectors: np.ndarray, lam: float, k: int
+    ) -> list[tuple[int, float]]:
+        unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        picks: list[tuple[int, float]] = []
+        for _ in range(min(k, len(totals))):
+            best, best_value = -1, -np.inf
+            for i in range(len(totals)):
+                if any(i == p for p, _ in picks):
+                    continue
+                penalty = max([0.0] + [float(unit[i] @ unit[p]) for p, _ in picks])
+                value = lam * totals[i] - (1.0 - lam) * penalty
+                if value > best_value:
+                    best, best_value = i, value
+            picks.append((best, best_value))
+        return picks
+
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n, k = int(rng.integers(1, 40)), int(rng.integers(1, 20))
+        totals = rng.random(n)
+        if trial % 3 == 0:
+            totals = np.round(totals, 1)  # equal totals
+        vectors = rng.normal(size=(n, 8))
+        if trial % 4 == 0:
+            vectors[: n // 2] = vectors[0]  # near duplicates
+        lam = float(rng.choice([0.0, 0.5, 0.9, 1.0]))
+        got = mmr_select(totals, vectors, lam, k)
+        want = greedy(totals, vectors, lam, k)
+        assert [i for i, _ in got] == [i for i, _ in want]
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-9)
+
+
 def test_merge_pools_dedupes_first_scope_wins() -> None:
     a, b = cand("a", [1, 0]), cand("b", [0, 1], scope="user")
     a_again = cand("a", [1, 0], scope="global")
